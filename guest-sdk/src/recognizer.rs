@@ -1,0 +1,390 @@
+//! Byte-level recognisers and the matcher the SDK builds from them.
+//!
+//! A plugin author who can say, byte by byte, whether a prefix can still become a match
+//! implements [`Recognizer`]; [`RecognizerMatcher`] turns that into everything the contract
+//! asks of a matcher: token masks (by walking the token trie), forced spans (by following the
+//! bytes that are the only way on, then tokenising them canonically), rollback, drafts, forks
+//! and state keys.
+
+use std::sync::Arc;
+
+use crate::api::{CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Warning};
+use crate::bitset::TokenSet;
+use crate::key;
+use crate::table::TokenTable;
+
+/// A byte-level recogniser of a language: a (possibly infinite) state machine over bytes.
+pub trait Recognizer: Send + Sync + 'static {
+    /// A state: where the recogniser is after some bytes. Cheap to clone (the trie walk clones
+    /// one per node it visits).
+    type State: Clone + Send + 'static;
+
+    /// The state before any byte.
+    fn start(&self) -> Self::State;
+
+    /// The state after `byte`, or `None` when no match can start with the bytes so far plus
+    /// `byte`. Must be `None` only for dead ends: a `Some` state must still be able to reach an
+    /// accepting state.
+    fn advance(&self, state: &Self::State, byte: u8) -> Option<Self::State>;
+
+    /// Whether the bytes so far are a complete match.
+    fn is_accepting(&self, state: &Self::State) -> bool;
+
+    /// A key with the contract's promise: equal keys, equal futures. Hash only what decides
+    /// the future (e.g. a DFA state id, not the bytes that led there).
+    fn state_key(&self, state: &Self::State) -> u64;
+
+    /// The only byte that can follow, when exactly one can. The default tries all 256 bytes;
+    /// override it when the recogniser knows faster.
+    fn forced_byte(&self, state: &Self::State) -> Option<u8> {
+        let mut only = None;
+        for b in 0..=255u8 {
+            if self.advance(state, b).is_some() {
+                if only.is_some() {
+                    return None;
+                }
+                only = Some(b);
+            }
+        }
+        only
+    }
+
+    /// Whether any byte can follow. The default tries all 256 bytes.
+    fn can_extend(&self, state: &Self::State) -> bool {
+        (0..=255u8).any(|b| self.advance(state, b).is_some())
+    }
+}
+
+/// Forced spans longer than this many bytes are cut (the rest is forced at the next commit).
+pub const MAX_FORCED_BYTES: usize = 4096;
+
+/// One entry of a matcher's history: the state after a token, or the EOS that ended it.
+#[derive(Clone)]
+enum Step<S> {
+    Token(S),
+    Eos,
+}
+
+/// The matcher the SDK derives from a [`Recognizer`].
+pub struct RecognizerMatcher<R: Recognizer> {
+    rec: Arc<R>,
+    table: Arc<TokenTable>,
+    start: R::State,
+    history: Vec<Step<R::State>>,
+    stack: Vec<R::State>,
+    set: TokenSet,
+}
+
+impl<R: Recognizer> Clone for RecognizerMatcher<R> {
+    fn clone(&self) -> Self {
+        Self {
+            rec: self.rec.clone(),
+            table: self.table.clone(),
+            start: self.start.clone(),
+            history: self.history.clone(),
+            stack: Vec::new(),
+            set: TokenSet::new(self.table.vocab_size()),
+        }
+    }
+}
+
+impl<R: Recognizer> RecognizerMatcher<R> {
+    /// A matcher at the recogniser's start state.
+    pub fn new(rec: Arc<R>, table: Arc<TokenTable>) -> Self {
+        let start = rec.start();
+        let set = TokenSet::new(table.vocab_size());
+        Self { rec, table, start, history: Vec::new(), stack: Vec::new(), set }
+    }
+
+    /// The current recogniser state, or `None` after EOS.
+    pub fn state(&self) -> Option<&R::State> {
+        match self.history.last() {
+            None => Some(&self.start),
+            Some(Step::Token(s)) => Some(s),
+            Some(Step::Eos) => None,
+        }
+    }
+
+    /// The number of tokens advanced over.
+    pub fn len(&self) -> usize {
+        self.history.len()
+    }
+
+    /// Whether no token has been advanced over.
+    pub fn is_empty(&self) -> bool {
+        self.history.is_empty()
+    }
+
+    /// The allowed tokens as a set (the same as [`Matcher::compute_mask`], uncompressed).
+    pub fn allowed_tokens(&mut self) -> &TokenSet {
+        self.set.clear();
+        if let Some(state) = self.state().cloned() {
+            let rec = &*self.rec;
+            let set = &mut self.set;
+            if !self.rec.is_accepting(&state) || self.rec.can_extend(&state) {
+                self.table.trie().walk(&state, &mut self.stack, |s, b| rec.advance(s, b), |t| set.insert(t));
+            }
+            if self.rec.is_accepting(&state) {
+                for &t in self.table.eos_tokens() {
+                    self.set.insert(t);
+                }
+            }
+        }
+        &self.set
+    }
+
+    /// The state after `token` from `state`, or why not.
+    fn step(&self, state: &R::State, token: u32) -> Result<Step<R::State>, ConstraintError> {
+        let reject = |why: &str| {
+            ConstraintError::new(ErrorCode::RejectedToken, format!("token {token} is not allowed here: {why}"))
+        };
+        if self.table.is_eos(token) {
+            return if self.rec.is_accepting(state) { Ok(Step::Eos) } else { Err(reject("the output is not complete")) };
+        }
+        if token as usize >= self.table.vocab_size() {
+            return Err(reject("the id is outside the vocabulary"));
+        }
+        if self.table.is_special(token) {
+            return Err(reject("it is a special token"));
+        }
+        let bytes = self.table.token_bytes(token);
+        if bytes.is_empty() {
+            return Err(reject("it has no bytes"));
+        }
+        let mut s = state.clone();
+        for &b in bytes {
+            s = self.rec.advance(&s, b).ok_or_else(|| reject("its bytes leave the language"))?;
+        }
+        Ok(Step::Token(s))
+    }
+
+    /// The forced span after the current state: the bytes that are the only way on, as
+    /// canonical tokens, without the tail that could merge with what follows.
+    fn forced_tokens(&self) -> Vec<u32> {
+        let Some(mut s) = self.state().cloned() else { return Vec::new() };
+        let mut bytes = Vec::new();
+        while bytes.len() < MAX_FORCED_BYTES && !self.rec.is_accepting(&s) {
+            let Some(b) = self.rec.forced_byte(&s) else { break };
+            match self.rec.advance(&s, b) {
+                Some(next) => s = next,
+                None => break,
+            }
+            bytes.push(b);
+        }
+        if bytes.is_empty() {
+            return Vec::new();
+        }
+        let mut tokens = self.table.tokenize(&bytes);
+        // The last token could merge with free bytes that follow (e.g. `"` + `,` -> `",`):
+        // hold it back unless nothing can follow.
+        if self.rec.can_extend(&s) || bytes.len() >= MAX_FORCED_BYTES {
+            tokens.pop();
+        }
+        tokens
+    }
+}
+
+impl<R: Recognizer> Matcher for RecognizerMatcher<R> {
+    fn compute_mask(&mut self) -> Result<Mask, ConstraintError> {
+        Ok(self.allowed_tokens().to_mask())
+    }
+
+    fn commit(&mut self, tokens: &[u32]) -> Result<CommitResult, ConstraintError> {
+        let before = self.history.len();
+        for (i, &t) in tokens.iter().enumerate() {
+            let Some(state) = self.state() else {
+                self.history.truncate(before);
+                return Err(ConstraintError::new(ErrorCode::InvalidState, "commit after EOS: the sequence has ended"));
+            };
+            match self.step(state, t) {
+                Ok(next) => self.history.push(next),
+                Err(mut e) => {
+                    self.history.truncate(before);
+                    e.message = format!("{} (token {} of {} in this commit)", e.message, i + 1, tokens.len());
+                    return Err(e);
+                }
+            }
+        }
+        let mut forced = self.forced_tokens();
+        // Advance over the span; a tokenizer that disagrees with the forced bytes cuts it.
+        for (k, &t) in forced.iter().enumerate() {
+            let next = self.state().and_then(|s| self.step(s, t).ok());
+            match next {
+                Some(next) => self.history.push(next),
+                None => {
+                    forced.truncate(k);
+                    break;
+                }
+            }
+        }
+        Ok(CommitResult { forced, stop: self.is_stopped() })
+    }
+
+    fn rollback(&mut self, n: u32) -> Result<(), ConstraintError> {
+        let n = n as usize;
+        if n > self.history.len() {
+            return Err(ConstraintError::new(
+                ErrorCode::InvalidState,
+                format!("cannot roll back {n} tokens: only {} were committed", self.history.len()),
+            ));
+        }
+        self.history.truncate(self.history.len() - n);
+        Ok(())
+    }
+
+    fn validate_draft(&self, tokens: &[u32]) -> u32 {
+        let mut state = self.state().cloned();
+        let mut accepted = 0;
+        for &t in tokens {
+            let Some(s) = &state else { break };
+            match self.step(s, t) {
+                Ok(Step::Token(next)) => state = Some(next),
+                Ok(Step::Eos) => state = None,
+                Err(_) => break,
+            }
+            accepted += 1;
+        }
+        accepted
+    }
+
+    fn fork(&self) -> Box<dyn Matcher> {
+        Box::new(self.clone())
+    }
+
+    fn is_accepting(&self) -> bool {
+        self.state().is_some_and(|s| self.rec.is_accepting(s))
+    }
+
+    fn is_stopped(&self) -> bool {
+        match self.state() {
+            None => true,
+            Some(s) => self.rec.is_accepting(s) && !self.rec.can_extend(s),
+        }
+    }
+
+    fn state_key(&self) -> u64 {
+        match self.state() {
+            None => key::EOS_KEY,
+            Some(s) => self.rec.state_key(s),
+        }
+    }
+}
+
+/// A compiled constraint made of a recogniser: every matcher shares the recogniser and table.
+pub struct RecognizerConstraint<R: Recognizer> {
+    rec: Arc<R>,
+    table: Arc<TokenTable>,
+    warnings: Vec<Warning>,
+}
+
+impl<R: Recognizer> RecognizerConstraint<R> {
+    /// Wraps `rec` for `table`, with the warnings its compilation produced.
+    pub fn new(rec: R, table: &Arc<TokenTable>, warnings: Vec<Warning>) -> Arc<Self> {
+        Arc::new(Self { rec: Arc::new(rec), table: table.clone(), warnings })
+    }
+
+    /// A concrete matcher (for native tests that want [`RecognizerMatcher`]'s extra methods).
+    pub fn matcher(&self) -> RecognizerMatcher<R> {
+        RecognizerMatcher::new(self.rec.clone(), self.table.clone())
+    }
+}
+
+impl<R: Recognizer> CompiledConstraint for RecognizerConstraint<R> {
+    fn warnings(&self) -> Vec<Warning> {
+        self.warnings.clone()
+    }
+
+    fn new_matcher(&self) -> Box<dyn Matcher> {
+        Box::new(self.matcher())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recognises exactly the strings of `words`; state = the prefix so far.
+    struct Words(Vec<&'static str>);
+
+    impl Recognizer for Words {
+        type State = String;
+        fn start(&self) -> String {
+            String::new()
+        }
+        fn advance(&self, s: &String, b: u8) -> Option<String> {
+            let mut n = s.clone();
+            n.push(b as char);
+            self.0.iter().any(|w| w.starts_with(n.as_str())).then_some(n)
+        }
+        fn is_accepting(&self, s: &String) -> bool {
+            self.0.contains(&s.as_str())
+        }
+        fn state_key(&self, s: &String) -> u64 {
+            key::of(s)
+        }
+    }
+
+    fn setup() -> (Arc<TokenTable>, Arc<RecognizerConstraint<Words>>) {
+        let table = Arc::new(TokenTable::byte_level_for_tests(&["he", "hel", "llo", "help", "lo"]));
+        let c = RecognizerConstraint::new(Words(vec!["hello", "help"]), &table, vec![]);
+        (table, c)
+    }
+
+    #[test]
+    fn mask_allows_exactly_the_tokens_that_keep_a_match_possible() {
+        let (table, c) = setup();
+        let mut m = c.matcher();
+        let allowed: Vec<u32> = m.allowed_tokens().iter().collect();
+        let he = 256;
+        let hel = 257;
+        let help = 259;
+        assert_eq!(allowed, vec![b'h' as u32, he, hel, help]);
+        let eos = table.eos_tokens()[0];
+        assert!(!m.allowed_tokens().contains(eos));
+    }
+
+    #[test]
+    fn commit_returns_the_forced_span_and_holds_back_nothing_at_the_end() {
+        let (table, c) = setup();
+        let mut m = c.matcher();
+        // After "h" the only continuation is "el" (forced); "hel" then branches (l|p).
+        let r = m.commit(&[b'h' as u32]).unwrap();
+        assert_eq!(r.forced, vec![b'e' as u32], "the greedy span 'el' holds back its last token");
+        assert!(!r.stop);
+        let r = m.commit(&[b'l' as u32]).unwrap();
+        assert!(r.forced.is_empty(), "after 'hel' both 'l' and 'p' are possible");
+        let r = m.commit(&[b'l' as u32]).unwrap();
+        // "hell" -> only "o" can follow and then nothing: the whole span is kept, and stop.
+        assert_eq!(r.forced, vec![b'o' as u32]);
+        assert!(r.stop && m.is_accepting() && m.is_stopped());
+        assert_eq!(m.compute_mask().unwrap(), Mask::Allow(table.eos_tokens().to_vec()));
+        m.commit(&table.eos_tokens()[..1]).unwrap();
+        assert_eq!(m.compute_mask().unwrap(), Mask::Allow(vec![]));
+        assert_eq!(m.commit(&[b'x' as u32]).unwrap_err().code, ErrorCode::InvalidState);
+    }
+
+    #[test]
+    fn rejected_commit_leaves_the_matcher_unchanged_and_rollback_restores_keys() {
+        let (_table, c) = setup();
+        let mut m = c.matcher();
+        let k0 = m.state_key();
+        let err = m.commit(&[b'h' as u32, b'x' as u32]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::RejectedToken);
+        assert_eq!(m.len(), 0);
+        let r = m.commit(&[b'h' as u32]).unwrap();
+        m.rollback(1 + r.forced.len() as u32).unwrap();
+        assert_eq!(m.state_key(), k0);
+        assert_eq!(m.rollback(1).unwrap_err().code, ErrorCode::InvalidState);
+    }
+
+    #[test]
+    fn drafts_and_forks_are_independent() {
+        let (_table, c) = setup();
+        let m = c.matcher();
+        assert_eq!(m.validate_draft(&[b'h' as u32, b'e' as u32, b'x' as u32]), 2);
+        assert_eq!(m.len(), 0);
+        let mut f = m.fork();
+        f.commit(&[259]).unwrap();
+        assert!(f.is_accepting() && !m.is_accepting());
+    }
+}

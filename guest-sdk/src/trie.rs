@@ -1,0 +1,162 @@
+//! [`TokenTrie`]: the vocabulary as a byte trie laid out in preorder, so that the allowed
+//! tokens of a byte-level recogniser are found in one allocation-free pass that skips every
+//! subtree whose prefix the recogniser rejects.
+
+/// One trie node: the byte on the edge from its parent, its depth, where its subtree ends in
+/// preorder, and the ids of the tokens whose bytes end here.
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    byte: u8,
+    depth: u16,
+    subtree_end: u32,
+    tokens_start: u32,
+    tokens_end: u32,
+}
+
+/// A byte trie over token strings in preorder (node 0 is the root, the empty prefix).
+#[derive(Clone, Debug)]
+pub struct TokenTrie {
+    nodes: Vec<Node>,
+    node_tokens: Vec<u32>,
+    max_depth: usize,
+}
+
+impl TokenTrie {
+    /// Builds the trie over tokens `0..vocab`; `bytes_of(id)` gives a token's bytes, empty for
+    /// tokens that must not be matched (special tokens).
+    pub fn build<'a>(vocab: usize, bytes_of: impl Fn(usize) -> &'a [u8]) -> Self {
+        let mut order: Vec<(&[u8], u32)> = (0..vocab)
+            .map(|id| (bytes_of(id), id as u32))
+            .filter(|(b, _)| !b.is_empty() && b.len() < u16::MAX as usize)
+            .collect();
+        order.sort_unstable();
+        let mut nodes = vec![Node { byte: 0, depth: 0, subtree_end: 0, tokens_start: 0, tokens_end: 0 }];
+        let mut node_tokens = Vec::with_capacity(order.len());
+        // `path[d]` is the node index at depth d on the current root-to-leaf path.
+        let mut path: Vec<usize> = vec![0];
+        let mut path_bytes: Vec<u8> = Vec::new();
+        let mut max_depth = 0;
+        for (bytes, id) in order {
+            let common = path_bytes.iter().zip(bytes).take_while(|(a, b)| a == b).count();
+            // Close the nodes deeper than the common prefix: their subtrees are complete.
+            while path.len() > common + 1 {
+                let closed = path.pop().unwrap_or(0);
+                nodes[closed].subtree_end = nodes.len() as u32;
+            }
+            path_bytes.truncate(common);
+            for &b in &bytes[common..] {
+                let start = node_tokens.len() as u32;
+                nodes.push(Node { byte: b, depth: path.len() as u16, subtree_end: 0, tokens_start: start, tokens_end: start });
+                path.push(nodes.len() - 1);
+                path_bytes.push(b);
+            }
+            max_depth = max_depth.max(bytes.len());
+            let leaf = path[path.len() - 1];
+            node_tokens.push(id);
+            nodes[leaf].tokens_end = node_tokens.len() as u32;
+        }
+        let end = nodes.len() as u32;
+        for &open in &path {
+            nodes[open].subtree_end = end;
+        }
+        Self { nodes, node_tokens, max_depth }
+    }
+
+    /// The number of nodes, root included.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The length of the longest token, in bytes.
+    pub fn max_token_len(&self) -> usize {
+        self.max_depth
+    }
+
+    /// Walks every token whose bytes `step` accepts from `start`, calling `on_token` for each.
+    /// `step(state, byte)` advances a recogniser by one byte (None: rejected, the whole subtree
+    /// is skipped). `stack` is scratch space, reused across calls so the walk does not
+    /// allocate once it has grown to the longest token.
+    pub fn walk<S: Clone>(
+        &self,
+        start: &S,
+        stack: &mut Vec<S>,
+        mut step: impl FnMut(&S, u8) -> Option<S>,
+        mut on_token: impl FnMut(u32),
+    ) {
+        stack.clear();
+        stack.push(start.clone());
+        let mut i = 1;
+        let n = self.nodes.len();
+        while i < n {
+            let node = self.nodes[i];
+            let depth = node.depth as usize;
+            match step(&stack[depth - 1], node.byte) {
+                Some(next) => {
+                    stack.truncate(depth);
+                    stack.push(next);
+                    for &t in &self.node_tokens[node.tokens_start as usize..node.tokens_end as usize] {
+                        on_token(t);
+                    }
+                    i += 1;
+                }
+                None => i = node.subtree_end as usize,
+            }
+        }
+    }
+
+    /// The longest token that is a prefix of `text`: its id and length.
+    pub fn longest_prefix(&self, text: &[u8]) -> Option<(u32, usize)> {
+        let mut best = None;
+        let mut node = 0usize;
+        for (k, &b) in text.iter().enumerate() {
+            // Children of `node` are the nodes in (node, subtree_end) at depth + 1.
+            let end = self.nodes[node].subtree_end as usize;
+            let mut child = node + 1;
+            let mut found = None;
+            while child < end {
+                if self.nodes[child].byte == b {
+                    found = Some(child);
+                    break;
+                }
+                child = self.nodes[child].subtree_end as usize;
+            }
+            let Some(c) = found else { break };
+            node = c;
+            let nd = self.nodes[c];
+            if nd.tokens_end > nd.tokens_start {
+                best = Some((self.node_tokens[nd.tokens_start as usize], k + 1));
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trie(tokens: &[&str]) -> TokenTrie {
+        TokenTrie::build(tokens.len(), |i| tokens[i].as_bytes())
+    }
+
+    #[test]
+    fn walk_finds_exactly_the_tokens_a_recogniser_accepts() {
+        let tokens = ["a", "ab", "abc", "b", "ba", "c", "", "ab"];
+        let t = trie(&tokens);
+        // Recogniser: any string over {a, b} of length <= 2; state = length so far.
+        let mut got = Vec::new();
+        let mut stack = Vec::new();
+        t.walk(&0usize, &mut stack, |&len, b| (len < 2 && (b == b'a' || b == b'b')).then_some(len + 1), |id| got.push(id));
+        got.sort();
+        assert_eq!(got, vec![0, 1, 3, 4, 7]);
+    }
+
+    #[test]
+    fn longest_prefix_prefers_longer_tokens() {
+        let t = trie(&["a", "ab", "abc", "b"]);
+        assert_eq!(t.longest_prefix(b"abd"), Some((1, 2)));
+        assert_eq!(t.longest_prefix(b"abcd"), Some((2, 3)));
+        assert_eq!(t.longest_prefix(b"x"), None);
+        assert_eq!(t.max_token_len(), 3);
+    }
+}
