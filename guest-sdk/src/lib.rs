@@ -44,9 +44,8 @@ macro_rules! export_plugin {
                 static PLUGIN: ::std::sync::OnceLock<$plugin> = ::std::sync::OnceLock::new();
                 PLUGIN.get_or_init(<$plugin as ::core::default::Default>::default)
             }
-            $crate::wasm::bindings::__dspark_export_world!(
-                $crate::wasm::Exports with_types_in $crate::wasm::bindings
-            );
+            use $crate::wasm::Exports;
+            $crate::wasm::bindings::__dspark_export_world!(Exports with_types_in $crate::wasm::bindings);
         };
     };
 }

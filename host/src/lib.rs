@@ -1,1 +1,19 @@
+//! dspark's host library.
+//!
+//! This crate holds everything the server runs besides HTTP:
+//!
+//! - [`plugin`]: the sandboxed plugin runtime. Constraint plugins are WebAssembly components
+//!   (contract: `wit/0.1.0/constraint.wit`) run by wasmtime with a deadline per call, a memory
+//!   cap, no WASI capability they did not ask for, output validation, a strike count and
+//!   quarantine.
+//! - [`registry`]: the plugin registry directory (`plugins/<name>/{plugin.toml,plugin.wasm}`),
+//!   scanned at start and on change.
+//! - [`tokenizer`]: the tokenizer's vocabulary as the byte table plugins get, and the canonical
+//!   tokenisation they ask the host for.
+//!
+//! The model engine (GGUF models, KV cache, scheduler, sampler) and the path tree are later
+//! modules of this crate (see ARCHITECTURE.md).
 
+pub mod plugin;
+pub mod registry;
+pub mod tokenizer;

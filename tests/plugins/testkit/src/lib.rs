@@ -1,1 +1,139 @@
+//! `testkit`: a plugin for dspark's own tests and benchmarks. Each kind behaves in one
+//! particular (mostly hostile) way, so the host's sandbox can be tested against a real guest:
+//!
+//! | kind              | behaviour                                                   |
+//! |-------------------|-------------------------------------------------------------|
+//! | `bitset`          | well-behaved; every mask is an incompressible full bitset   |
+//! | `loop-mask`       | `compute-mask` never returns                                |
+//! | `endless-compile` | `compile` never returns                                     |
+//! | `membomb`         | `compute-mask` allocates until memory runs out              |
+//! | `panic`           | `compute-mask` panics (a trap)                              |
+//! | `bad-mask-len`    | `compute-mask` returns a bitset of the wrong length         |
+//! | `bad-token`       | `compute-mask` allows a token id beyond the vocabulary      |
+//! | `huge-span`       | `commit` returns a forced span of a million tokens          |
 
+use std::hint::black_box;
+use std::sync::Arc;
+
+use dspark_guest::{
+    CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, TokenTable,
+};
+
+const KINDS: [&str; 8] =
+    ["bitset", "loop-mask", "endless-compile", "membomb", "panic", "bad-mask-len", "bad-token", "huge-span"];
+
+/// The plugin.
+#[derive(Default)]
+pub struct Testkit;
+
+struct Compiled {
+    kind: &'static str,
+    vocab: usize,
+    words: Arc<Vec<u32>>,
+}
+
+#[derive(Clone)]
+struct TestMatcher {
+    kind: &'static str,
+    vocab: usize,
+    words: Arc<Vec<u32>>,
+    len: u32,
+}
+
+impl Plugin for Testkit {
+    fn kinds(&self) -> Vec<String> {
+        KINDS.iter().map(|k| k.to_string()).collect()
+    }
+
+    fn compile(
+        &self,
+        kind: &str,
+        _source: &str,
+        _options: &str,
+        table: &Arc<TokenTable>,
+    ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
+        let Some(kind) = KINDS.iter().copied().find(|k| *k == kind) else {
+            return Err(ConstraintError::new(ErrorCode::InvalidKind, format!("unknown kind `{kind}`")));
+        };
+        if kind == "endless-compile" {
+            let mut n = 0u64;
+            loop {
+                n = black_box(n.wrapping_add(1));
+            }
+        }
+        let vocab = table.vocab_size();
+        // Alternating bits: a mask no smaller form can express.
+        let mut words = vec![0x5555_5555u32; vocab.div_ceil(32)];
+        if vocab % 32 != 0 {
+            if let Some(last) = words.last_mut() {
+                *last &= (1u32 << (vocab % 32)) - 1;
+            }
+        }
+        Ok(Arc::new(Compiled { kind, vocab, words: Arc::new(words) }))
+    }
+}
+
+impl CompiledConstraint for Compiled {
+    fn new_matcher(&self) -> Box<dyn Matcher> {
+        Box::new(TestMatcher { kind: self.kind, vocab: self.vocab, words: self.words.clone(), len: 0 })
+    }
+}
+
+impl Matcher for TestMatcher {
+    fn compute_mask(&mut self) -> Result<Mask, ConstraintError> {
+        match self.kind {
+            "loop-mask" => {
+                let mut n = 0u64;
+                loop {
+                    n = black_box(n.wrapping_add(1));
+                }
+            }
+            "membomb" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![black_box(1u8); 1 << 20]);
+                    black_box(&hoard);
+                }
+            }
+            "panic" => panic!("testkit: deliberate panic in compute-mask"),
+            "bad-mask-len" => Ok(Mask::Bitset(vec![u32::MAX; self.words.len() + 3])),
+            "bad-token" => Ok(Mask::Allow(vec![1, self.vocab as u32 + 5])),
+            _ => Ok(Mask::Bitset(self.words.to_vec())),
+        }
+    }
+
+    fn commit(&mut self, tokens: &[u32]) -> Result<CommitResult, ConstraintError> {
+        self.len += tokens.len() as u32;
+        if self.kind == "huge-span" {
+            return Ok(CommitResult { forced: vec![1; 1_000_000], stop: false });
+        }
+        Ok(CommitResult::default())
+    }
+
+    fn rollback(&mut self, n: u32) -> Result<(), ConstraintError> {
+        self.len = self.len.checked_sub(n).ok_or_else(|| ConstraintError::new(ErrorCode::InvalidState, "rollback too far"))?;
+        Ok(())
+    }
+
+    fn validate_draft(&self, tokens: &[u32]) -> u32 {
+        tokens.len() as u32
+    }
+
+    fn fork(&self) -> Box<dyn Matcher> {
+        Box::new(self.clone())
+    }
+
+    fn is_accepting(&self) -> bool {
+        true
+    }
+
+    fn is_stopped(&self) -> bool {
+        false
+    }
+
+    fn state_key(&self) -> u64 {
+        self.len as u64
+    }
+}
+
+dspark_guest::export_plugin!(Testkit);

@@ -1,0 +1,373 @@
+//! [`PluginInstance`]: one Store of a plugin, the calls of the contract through it, and the
+//! validation of every answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::Store;
+use wasmtime::component::ResourceAny;
+
+use super::PluginError;
+use super::bindings;
+use super::bindings::dspark::constraint::types as wit;
+use super::runtime::{HostState, LoadedPlugin, wit_error};
+use crate::tokenizer::{CanonicalTokenizer, TokenTable};
+
+/// A validated mask: ids are below the vocabulary size, a bitset has the right length.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenMask {
+    /// Every token.
+    All,
+    /// Exactly these ids.
+    Allow(Vec<u32>),
+    /// The union of half-open ranges.
+    Ranges(Vec<(u32, u32)>),
+    /// One bit per token, least significant first.
+    Bitset(Vec<u32>),
+}
+
+impl TokenMask {
+    /// Whether `token` is allowed.
+    pub fn allows(&self, token: u32) -> bool {
+        match self {
+            TokenMask::All => true,
+            TokenMask::Allow(ids) => ids.contains(&token),
+            TokenMask::Ranges(r) => r.iter().any(|&(s, e)| s <= token && token < e),
+            TokenMask::Bitset(w) => w.get((token / 32) as usize).is_some_and(|w| w >> (token % 32) & 1 == 1),
+        }
+    }
+
+    /// The mask as a bitset of `ceil(vocab / 32)` words (the sampler's layout).
+    pub fn to_bitset(&self, vocab: usize) -> Vec<u32> {
+        let words = vocab.div_ceil(32);
+        let mut out = vec![0u32; words];
+        let mut set = |t: u32| out[(t / 32) as usize] |= 1 << (t % 32);
+        match self {
+            TokenMask::All => (0..vocab as u32).for_each(&mut set),
+            TokenMask::Allow(ids) => ids.iter().copied().for_each(&mut set),
+            TokenMask::Ranges(r) => r.iter().for_each(|&(s, e)| (s..e).for_each(&mut set)),
+            TokenMask::Bitset(w) => out.copy_from_slice(w),
+        }
+        out
+    }
+
+    /// How many tokens are allowed out of `vocab`.
+    pub fn count(&self, vocab: usize) -> usize {
+        self.to_bitset(vocab).iter().map(|w| w.count_ones() as usize).sum()
+    }
+}
+
+/// A validated commit answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitOutcome {
+    /// The forced span that follows (the matcher is already past it).
+    pub forced: Vec<u32>,
+    /// The sequence must end.
+    pub stop: bool,
+}
+
+/// A compiled constraint living in one instance.
+#[derive(Debug)]
+pub struct CompiledHandle {
+    res: ResourceAny,
+    generation: u64,
+    /// What the plugin could only approximate.
+    pub warnings: Vec<(String, String)>,
+}
+
+/// A matcher living in one instance.
+#[derive(Debug)]
+pub struct MatcherHandle {
+    res: ResourceAny,
+    generation: u64,
+}
+
+/// One sandboxed instance of a plugin, initialised with a tokenizer's table.
+///
+/// Not `Sync`: a Store runs one call at a time. The server keeps a pool of instances per
+/// plugin and tokenizer. A trap poisons the Store; the next call restarts it from the plugin's
+/// `InstancePre` (and calls `init` again), and older handles become [`PluginError::Stale`].
+pub struct PluginInstance {
+    plugin: Arc<LoadedPlugin>,
+    table: Arc<TokenTable>,
+    tokenizer: Arc<dyn CanonicalTokenizer>,
+    store: Store<HostState>,
+    bindings: bindings::Plugin,
+    generation: u64,
+    poisoned: bool,
+    mask_ticks: u64,
+    compile_ticks: u64,
+}
+
+impl PluginInstance {
+    pub(crate) fn new(
+        plugin: Arc<LoadedPlugin>,
+        table: Arc<TokenTable>,
+        tokenizer: Arc<dyn CanonicalTokenizer>,
+    ) -> Result<Self, PluginError> {
+        let (store, bindings) = Self::start(&plugin, &table, &tokenizer)?;
+        let mask_ticks = plugin.runtime.ticks(plugin.mask_deadline);
+        let compile_ticks = plugin.runtime.ticks(plugin.compile_deadline);
+        Ok(Self { plugin, table, tokenizer, store, bindings, generation: 0, poisoned: false, mask_ticks, compile_ticks })
+    }
+
+    fn start(
+        plugin: &Arc<LoadedPlugin>,
+        table: &Arc<TokenTable>,
+        tokenizer: &Arc<dyn CanonicalTokenizer>,
+    ) -> Result<(Store<HostState>, bindings::Plugin), PluginError> {
+        let setup = |message: String| PluginError::Setup { plugin: plugin.name().to_string(), message };
+        let mut store = plugin.runtime.new_store(plugin, tokenizer.clone());
+        let bindings = plugin.pre.instantiate(&mut store).map_err(|e| {
+            plugin.strike();
+            setup(format!("cannot instantiate: {e:#}"))
+        })?;
+        store.set_epoch_deadline(plugin.runtime.ticks(plugin.compile_deadline));
+        match bindings.dspark_constraint_constraint().call_init(&mut store, &table.to_wit()) {
+            Ok(Ok(())) => Ok((store, bindings)),
+            Ok(Err(e)) => Err(wit_error(plugin.name(), e)),
+            Err(trap) => {
+                plugin.strike();
+                Err(setup(format!("init failed: {}", describe_trap(&trap, &store, plugin.compile_deadline))))
+            }
+        }
+    }
+
+    /// The plugin this instance runs.
+    pub fn plugin(&self) -> &Arc<LoadedPlugin> {
+        &self.plugin
+    }
+
+    /// The vocabulary size of the instance's table.
+    pub fn vocab_size(&self) -> usize {
+        self.table.vocab_size()
+    }
+
+    /// Restarts a poisoned Store. Called before every compile; matcher calls on a poisoned
+    /// instance fail as stale instead (their state is gone).
+    fn revive(&mut self) -> Result<(), PluginError> {
+        if self.poisoned {
+            self.plugin.check_not_quarantined()?;
+            let (store, bindings) = Self::start(&self.plugin, &self.table, &self.tokenizer)?;
+            self.store = store;
+            self.bindings = bindings;
+            self.generation += 1;
+            self.poisoned = false;
+        }
+        Ok(())
+    }
+
+    fn check_handle(&self, generation: u64, what: &'static str) -> Result<(), PluginError> {
+        if generation != self.generation || self.poisoned {
+            return Err(PluginError::Stale { plugin: self.plugin.name().to_string(), what });
+        }
+        Ok(())
+    }
+
+    /// Runs one guest call under a deadline; a trap poisons the Store and costs a strike.
+    fn call<R>(
+        &mut self,
+        name: &'static str,
+        ticks: u64,
+        f: impl FnOnce(&mut Store<HostState>, &bindings::Plugin) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginError> {
+        self.store.set_epoch_deadline(ticks);
+        match f(&mut self.store, &self.bindings) {
+            Ok(r) => Ok(r),
+            Err(trap) => {
+                self.poisoned = true;
+                self.plugin.strike();
+                let deadline = Duration::from_micros(ticks * self.plugin.runtime.config().tick.as_micros() as u64);
+                Err(PluginError::Trap {
+                    plugin: self.plugin.name().to_string(),
+                    call: name,
+                    message: describe_trap(&trap, &self.store, deadline),
+                })
+            }
+        }
+    }
+
+    fn invalid(&self, call: &'static str, message: String) -> PluginError {
+        self.plugin.strike();
+        PluginError::InvalidOutput { plugin: self.plugin.name().to_string(), call, message }
+    }
+
+    /// Compiles a constraint.
+    pub fn compile(&mut self, kind: &str, source: &str, options: &str) -> Result<CompiledHandle, PluginError> {
+        self.plugin.check_not_quarantined()?;
+        self.revive()?;
+        let ticks = self.compile_ticks;
+        let res = self.call("compile", ticks, |s, b| b.dspark_constraint_constraint().compiled().call_compile(s, kind, source, options))?;
+        let res = res.map_err(|e| wit_error(self.plugin.name(), e))?;
+        let warnings = self.call("warnings", ticks, |s, b| b.dspark_constraint_constraint().compiled().call_warnings(s, res))?;
+        Ok(CompiledHandle {
+            res,
+            generation: self.generation,
+            warnings: warnings.into_iter().map(|w| (w.location, w.message)).collect(),
+        })
+    }
+
+    /// A matcher at the start of `compiled`.
+    pub fn new_matcher(&mut self, compiled: &CompiledHandle) -> Result<MatcherHandle, PluginError> {
+        self.check_handle(compiled.generation, "compiled constraint")?;
+        let res = self.call("new-matcher", self.mask_ticks, |s, b| {
+            b.dspark_constraint_constraint().compiled().call_new_matcher(s, compiled.res)
+        })?;
+        Ok(MatcherHandle { res, generation: self.generation })
+    }
+
+    /// The allowed tokens, validated against the vocabulary.
+    pub fn compute_mask(&mut self, m: &MatcherHandle) -> Result<TokenMask, PluginError> {
+        self.check_handle(m.generation, "matcher")?;
+        let mask = self.call("compute-mask", self.mask_ticks, |s, b| {
+            b.dspark_constraint_constraint().matcher().call_compute_mask(s, m.res)
+        })?;
+        let mask = mask.map_err(|e| wit_error(self.plugin.name(), e))?;
+        self.validate_mask(mask)
+    }
+
+    fn validate_mask(&self, mask: wit::Mask) -> Result<TokenMask, PluginError> {
+        let vocab = self.table.vocab_size();
+        let words = vocab.div_ceil(32);
+        Ok(match mask {
+            wit::Mask::All => TokenMask::All,
+            wit::Mask::Allow(ids) => {
+                if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                    return Err(self.invalid("compute-mask", format!("token id {bad} is not below the vocabulary size {vocab}")));
+                }
+                TokenMask::Allow(ids)
+            }
+            wit::Mask::Ranges(r) => {
+                if let Some(bad) = r.iter().find(|r| r.start > r.end || r.end as usize > vocab) {
+                    return Err(self.invalid(
+                        "compute-mask",
+                        format!("range [{}, {}) is not within the vocabulary of {vocab}", bad.start, bad.end),
+                    ));
+                }
+                TokenMask::Ranges(r.into_iter().map(|r| (r.start, r.end)).collect())
+            }
+            wit::Mask::Bitset(w) => {
+                if w.len() != words {
+                    return Err(self.invalid(
+                        "compute-mask",
+                        format!("the bitset has {} words; a vocabulary of {vocab} needs exactly {words}", w.len()),
+                    ));
+                }
+                let tail = vocab % 32;
+                if tail != 0 && w[words - 1] >> tail != 0 {
+                    return Err(self.invalid("compute-mask", format!("the bitset allows token ids at or above {vocab}")));
+                }
+                TokenMask::Bitset(w)
+            }
+        })
+    }
+
+    /// Commits `tokens`; returns the validated forced span and the stop flag.
+    pub fn commit(&mut self, m: &MatcherHandle, tokens: &[u32]) -> Result<CommitOutcome, PluginError> {
+        self.check_handle(m.generation, "matcher")?;
+        let r = self.call("commit", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_commit(s, m.res, tokens))?;
+        let r = r.map_err(|e| wit_error(self.plugin.name(), e))?;
+        let cap = self.plugin.runtime.config().max_forced_tokens;
+        if r.forced.len() > cap {
+            return Err(self.invalid("commit", format!("a forced span of {} tokens exceeds the cap of {cap}", r.forced.len())));
+        }
+        let vocab = self.table.vocab_size();
+        if let Some(bad) = r.forced.iter().find(|&&t| t as usize >= vocab) {
+            return Err(self.invalid("commit", format!("forced token id {bad} is not below the vocabulary size {vocab}")));
+        }
+        Ok(CommitOutcome { forced: r.forced, stop: r.stop })
+    }
+
+    /// Undoes the last `n` tokens.
+    pub fn rollback(&mut self, m: &MatcherHandle, n: u32) -> Result<(), PluginError> {
+        self.check_handle(m.generation, "matcher")?;
+        let r = self.call("rollback", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_rollback(s, m.res, n))?;
+        r.map_err(|e| wit_error(self.plugin.name(), e))
+    }
+
+    /// How many draft tokens would be accepted in turn.
+    pub fn validate_draft(&mut self, m: &MatcherHandle, tokens: &[u32]) -> Result<u32, PluginError> {
+        self.check_handle(m.generation, "matcher")?;
+        let n = self.call("validate-draft", self.mask_ticks, |s, b| {
+            b.dspark_constraint_constraint().matcher().call_validate_draft(s, m.res, tokens)
+        })?;
+        if n as usize > tokens.len() {
+            return Err(self.invalid("validate-draft", format!("accepted {n} of {} draft tokens", tokens.len())));
+        }
+        Ok(n)
+    }
+
+    /// An independent copy of a matcher.
+    pub fn fork(&mut self, m: &MatcherHandle) -> Result<MatcherHandle, PluginError> {
+        self.check_handle(m.generation, "matcher")?;
+        let res = self.call("fork", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_fork(s, m.res))?;
+        Ok(MatcherHandle { res, generation: self.generation })
+    }
+
+    /// Whether the output so far is complete.
+    pub fn is_accepting(&mut self, m: &MatcherHandle) -> Result<bool, PluginError> {
+        self.check_handle(m.generation, "matcher")?;
+        self.call("is-accepting", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_is_accepting(s, m.res))
+    }
+
+    /// Whether the sequence has ended.
+    pub fn is_stopped(&mut self, m: &MatcherHandle) -> Result<bool, PluginError> {
+        self.check_handle(m.generation, "matcher")?;
+        self.call("is-stopped", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_is_stopped(s, m.res))
+    }
+
+    /// The matcher's state key.
+    pub fn state_key(&mut self, m: &MatcherHandle) -> Result<u64, PluginError> {
+        self.check_handle(m.generation, "matcher")?;
+        self.call("state-key", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_state_key(s, m.res))
+    }
+
+    /// Frees a matcher in the guest. Handles of a restarted instance are simply forgotten.
+    pub fn drop_matcher(&mut self, m: MatcherHandle) -> Result<(), PluginError> {
+        if m.generation != self.generation || self.poisoned {
+            return Ok(());
+        }
+        self.call("drop-matcher", self.mask_ticks, |s, _| m.res.resource_drop(s))
+    }
+
+    /// Frees a compiled constraint in the guest.
+    pub fn drop_compiled(&mut self, c: CompiledHandle) -> Result<(), PluginError> {
+        if c.generation != self.generation || self.poisoned {
+            return Ok(());
+        }
+        self.call("drop-compiled", self.mask_ticks, |s, _| c.res.resource_drop(s))
+    }
+}
+
+/// Says what a trap was, in words a plugin author can act on.
+fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>, deadline: Duration) -> String {
+    let stderr = String::from_utf8_lossy(&store.data().stderr.contents()).trim().to_string();
+    let stderr = if stderr.is_empty() { String::new() } else { format!(" (plugin stderr: {})", last_line(&stderr)) };
+    match err.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => format!("exceeded its time limit of {} ms", deadline.as_millis()),
+        Some(wasmtime::Trap::StackOverflow) => format!("overflowed its stack{stderr}"),
+        Some(wasmtime::Trap::UnreachableCodeReached) if !stderr.is_empty() => format!("panicked{stderr}"),
+        Some(trap) => format!("trapped: {trap}{stderr}"),
+        None => {
+            let text = format!("{err:#}");
+            if text.contains("growing memory") || text.contains("memory") {
+                format!("exceeded its memory limit{stderr}: {text}")
+            } else {
+                format!("{text}{stderr}")
+            }
+        }
+    }
+}
+
+fn last_line(s: &str) -> &str {
+    let line = s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(s);
+    if line.len() > 300 {
+        let mut end = 300;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        &line[..end]
+    } else {
+        line
+    }
+}

@@ -1,0 +1,449 @@
+//! [`PluginRuntime`]: the wasmtime engine, its epoch ticker, the on-disk component cache, and
+//! the loading of a plugin into a [`LoadedPlugin`].
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Config, Engine, OptLevel, StoreLimits};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings;
+use super::instance::PluginInstance;
+use super::manifest::Manifest;
+use super::{ErrorCode, PluginError};
+use crate::tokenizer::{CanonicalTokenizer, TokenTable};
+
+/// Converts wasmtime's own error type into `anyhow` so boundary errors can carry context.
+trait IntoAnyhow<T> {
+    fn anyhow(self) -> anyhow::Result<T>;
+}
+
+impl<T> IntoAnyhow<T> for wasmtime::Result<T> {
+    fn anyhow(self) -> anyhow::Result<T> {
+        self.map_err(anyhow::Error::from)
+    }
+}
+
+/// Host-wide limits and the places the runtime keeps its files.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Where compiled components are cached and quarantines recorded. Server-owned: it must
+    /// not be inside a plugin directory (a plugin could otherwise plant a native artifact).
+    pub state_dir: PathBuf,
+    /// Epoch tick: the granularity of every deadline.
+    pub tick: Duration,
+    /// Default deadline of a matcher call (mask, commit, rollback, ...).
+    pub mask_deadline: Duration,
+    /// Default deadline of a compile (and of `init`).
+    pub compile_deadline: Duration,
+    /// The most a manifest may raise either deadline to.
+    pub max_deadline: Duration,
+    /// Default linear memory per instance.
+    pub memory_bytes: u64,
+    /// The most a manifest may raise memory to.
+    pub max_memory_bytes: u64,
+    /// The longest forced span accepted from a commit, in tokens.
+    pub max_forced_tokens: usize,
+    /// Strikes (traps or invalid answers) before a plugin is quarantined.
+    pub strike_limit: u32,
+    /// The largest `plugin.wasm` accepted.
+    pub max_component_bytes: u64,
+}
+
+impl RuntimeConfig {
+    /// Defaults with `state_dir` as the cache and quarantine directory.
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            state_dir: state_dir.into(),
+            tick: Duration::from_millis(1),
+            mask_deadline: Duration::from_millis(20),
+            compile_deadline: Duration::from_secs(10),
+            max_deadline: Duration::from_secs(60),
+            memory_bytes: 256 << 20,
+            max_memory_bytes: 2 << 30,
+            max_forced_tokens: 4096,
+            strike_limit: 3,
+            max_component_bytes: 64 << 20,
+        }
+    }
+
+    /// The default state directory: `$DSPARK_STATE_DIR`, else `$XDG_CACHE_HOME/dspark`, else
+    /// `~/.cache/dspark`, else a folder under the system's temp directory.
+    pub fn default_state_dir() -> PathBuf {
+        if let Some(d) = std::env::var_os("DSPARK_STATE_DIR") {
+            return PathBuf::from(d);
+        }
+        if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+            return PathBuf::from(d).join("dspark");
+        }
+        if let Some(h) = std::env::var_os("HOME") {
+            return PathBuf::from(h).join(".cache").join("dspark");
+        }
+        std::env::temp_dir().join("dspark")
+    }
+}
+
+/// The per-Store state the host keeps for one instance.
+pub(crate) struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    tokenizer: Arc<dyn CanonicalTokenizer>,
+    pub(crate) stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl bindings::dspark::constraint::types::Host for HostState {}
+
+impl bindings::dspark::constraint::host::Host for HostState {
+    fn tokenize(&mut self, text: Vec<u8>) -> Vec<u32> {
+        self.tokenizer.tokenize(&text)
+    }
+}
+
+/// A clock that always reads zero: the default for plugins without the `clock` capability.
+struct FrozenClock;
+
+impl wasmtime_wasi::HostWallClock for FrozenClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// The shared wasmtime engine with its linker and epoch ticker.
+pub struct PluginRuntime {
+    engine: Engine,
+    linker: Linker<HostState>,
+    config: RuntimeConfig,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl Drop for PluginRuntime {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl PluginRuntime {
+    /// Builds the engine (Cranelift, component model, epoch interruption; no async, no
+    /// `component-model-async`), links WASI with no capabilities and the contract's host
+    /// interface, and starts the epoch ticker.
+    pub fn new(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
+        let mut wasm = Config::new();
+        wasm.epoch_interruption(true)
+            .cranelift_opt_level(OptLevel::Speed)
+            .wasm_component_model(true)
+            .max_wasm_stack(1 << 20);
+        let engine = Engine::new(&wasm).anyhow().context("cannot create the wasmtime engine")?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).anyhow().context("cannot link WASI")?;
+        bindings::Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s).anyhow()
+            .context("cannot link the dspark host interface")?;
+        std::fs::create_dir_all(config.state_dir.join("components"))
+            .with_context(|| format!("cannot create the state directory {}", config.state_dir.display()))?;
+        std::fs::create_dir_all(config.state_dir.join("quarantine"))?;
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        let runtime = Arc::new(Self { engine, linker, config, ticker_stop: ticker_stop.clone() });
+        let weak: Weak<Self> = Arc::downgrade(&runtime);
+        let tick = runtime.config.tick;
+        let engine = runtime.engine.clone();
+        std::thread::Builder::new()
+            .name("dspark-epoch".into())
+            .spawn(move || {
+                while !ticker_stop.load(Ordering::Relaxed) && weak.strong_count() > 0 {
+                    std::thread::sleep(tick);
+                    engine.increment_epoch();
+                }
+            })
+            .context("cannot start the epoch ticker thread")?;
+        Ok(runtime)
+    }
+
+    /// The runtime's configuration.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    /// Deadline in epoch ticks (rounded up, at least one).
+    pub(crate) fn ticks(&self, d: Duration) -> u64 {
+        (d.as_micros().div_ceil(self.config.tick.as_micros().max(1)) as u64).max(1)
+    }
+
+    /// A fresh Store for `plugin`, with its limits and capabilities.
+    pub(crate) fn new_store(
+        &self,
+        plugin: &LoadedPlugin,
+        tokenizer: Arc<dyn CanonicalTokenizer>,
+    ) -> wasmtime::Store<HostState> {
+        let stderr = wasmtime_wasi::p2::pipe::MemoryOutputPipe::new(4096);
+        let mut wasi = WasiCtx::builder();
+        wasi.stderr(stderr.clone()).allow_ip_name_lookup(false).allow_tcp(false).allow_udp(false);
+        if !plugin.manifest.capabilities.clock {
+            wasi.wall_clock(FrozenClock).monotonic_clock(FrozenClock);
+        }
+        let limits = wasmtime::StoreLimitsBuilder::new()
+            .memory_size(plugin.memory_bytes as usize)
+            .instances(16)
+            .tables(16)
+            .memories(4)
+            .table_elements(1 << 20)
+            .trap_on_grow_failure(true)
+            .build();
+        let state = HostState { wasi: wasi.build(), table: ResourceTable::new(), limits, tokenizer, stderr };
+        let mut store = wasmtime::Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(self.ticks(plugin.compile_deadline));
+        store
+    }
+
+    /// Compiles `wasm` to a component, or loads it from the state directory's cache, keyed by
+    /// the wasm's sha256 and the engine's compatibility hash. Only files this runtime wrote
+    /// there are ever deserialized.
+    fn component(&self, wasm: &[u8], sha256: &str) -> anyhow::Result<Component> {
+        let mut h = DefaultHasher::new();
+        self.engine.precompile_compatibility_hash().hash(&mut h);
+        let path = self.config.state_dir.join("components").join(format!("{sha256}-{:016x}.cwasm", h.finish()));
+        if path.is_file() {
+            // SAFETY: the file is in the server-owned state directory and was written by
+            // `Component::serialize` of an engine with the same compatibility hash.
+            match unsafe { Component::deserialize_file(&self.engine, &path) } {
+                Ok(c) => return Ok(c),
+                Err(_) => {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        let component = Component::new(&self.engine, wasm).anyhow().context("the component does not compile")?;
+        if let Ok(bytes) = component.serialize() {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            if std::fs::write(&tmp, bytes).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        }
+        Ok(component)
+    }
+
+    /// Loads the plugin in `dir` (`plugin.toml` + `plugin.wasm`): checks the manifest and the
+    /// sha256, compiles (or takes from cache), pre-links, and checks the kinds the component
+    /// reports against the manifest.
+    pub fn load(self: &Arc<Self>, dir: &Path) -> anyhow::Result<Arc<LoadedPlugin>> {
+        let manifest = Manifest::load(&dir.join("plugin.toml"))?;
+        if let Some(folder) = dir.file_name().and_then(|f| f.to_str()) {
+            if folder != manifest.name {
+                bail!("plugin `{}` is in folder `{folder}`; the folder must be named after the plugin", manifest.name);
+            }
+        }
+        let wasm_path = dir.join("plugin.wasm");
+        let size = std::fs::metadata(&wasm_path).with_context(|| format!("cannot read {}", wasm_path.display()))?.len();
+        if size > self.config.max_component_bytes {
+            bail!("{} is {size} bytes; the limit is {}", wasm_path.display(), self.config.max_component_bytes);
+        }
+        let wasm = std::fs::read(&wasm_path).with_context(|| format!("cannot read {}", wasm_path.display()))?;
+        let sha = hex::encode(Sha256::digest(&wasm));
+        if sha != manifest.sha256 {
+            bail!("plugin `{}`: plugin.wasm has sha256 {sha}, the manifest says {}", manifest.name, manifest.sha256);
+        }
+        let component = self.component(&wasm, &sha).with_context(|| format!("plugin `{}`", manifest.name))?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component).anyhow()
+            .with_context(|| format!("plugin `{}` imports something this host does not provide", manifest.name))?;
+        let pre = bindings::PluginPre::new(pre).anyhow().with_context(|| format!("plugin `{}` does not export the contract", manifest.name))?;
+        let clamp = |asked: Option<u64>, default: Duration| {
+            asked.map_or(default, Duration::from_millis).min(self.config.max_deadline)
+        };
+        let plugin = Arc::new(LoadedPlugin {
+            memory_bytes: manifest
+                .limits
+                .memory_mib
+                .map_or(self.config.memory_bytes, |m| m.saturating_mul(1 << 20))
+                .min(self.config.max_memory_bytes),
+            mask_deadline: clamp(manifest.limits.mask_ms, self.config.mask_deadline),
+            compile_deadline: clamp(manifest.limits.compile_ms, self.config.compile_deadline),
+            quarantine_marker: self.config.state_dir.join("quarantine").join(&sha),
+            strikes: AtomicU32::new(0),
+            quarantined: AtomicBool::new(false),
+            runtime: self.clone(),
+            manifest,
+            sha256: sha,
+            dir: dir.to_path_buf(),
+            pre,
+        });
+        if plugin.quarantine_marker.exists() {
+            plugin.quarantined.store(true, Ordering::Relaxed);
+            plugin.strikes.store(self.config.strike_limit, Ordering::Relaxed);
+        }
+        let kinds = plugin.probe_kinds()?;
+        let mut declared = plugin.manifest.kinds.clone();
+        let mut reported = kinds.clone();
+        declared.sort();
+        reported.sort();
+        if declared != reported {
+            bail!(
+                "plugin `{}` declares kinds {:?} but the component serves {:?}",
+                plugin.manifest.name,
+                plugin.manifest.kinds,
+                kinds
+            );
+        }
+        Ok(plugin)
+    }
+}
+
+/// What `plugins list` says of a plugin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PluginStatus {
+    /// Serving.
+    Ready,
+    /// Refused after repeated failures, until its file changes.
+    Quarantined,
+}
+
+impl PluginStatus {
+    /// `ready` or `quarantined`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginStatus::Ready => "ready",
+            PluginStatus::Quarantined => "quarantined",
+        }
+    }
+}
+
+/// A plugin compiled and pre-linked, ready to instantiate; shared by all its instances.
+pub struct LoadedPlugin {
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// The sha256 of its component.
+    pub sha256: String,
+    /// The folder it was loaded from.
+    pub dir: PathBuf,
+    pub(crate) pre: bindings::PluginPre<HostState>,
+    pub(crate) runtime: Arc<PluginRuntime>,
+    pub(crate) memory_bytes: u64,
+    pub(crate) mask_deadline: Duration,
+    pub(crate) compile_deadline: Duration,
+    strikes: AtomicU32,
+    quarantined: AtomicBool,
+    quarantine_marker: PathBuf,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("name", &self.manifest.name)
+            .field("sha256", &self.sha256)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl LoadedPlugin {
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.manifest.name
+    }
+
+    /// Whether it serves `kind`.
+    pub fn serves(&self, kind: &str) -> bool {
+        self.manifest.kinds.iter().any(|k| k == kind)
+    }
+
+    /// Ready or quarantined.
+    pub fn status(&self) -> PluginStatus {
+        if self.quarantined.load(Ordering::Relaxed) { PluginStatus::Quarantined } else { PluginStatus::Ready }
+    }
+
+    /// Strikes counted so far.
+    pub fn strikes(&self) -> u32 {
+        self.strikes.load(Ordering::Relaxed)
+    }
+
+    /// The deadline of one matcher call.
+    pub fn mask_deadline(&self) -> Duration {
+        self.mask_deadline
+    }
+
+    /// The deadline of one compile.
+    pub fn compile_deadline(&self) -> Duration {
+        self.compile_deadline
+    }
+
+    /// Counts a strike; quarantines the plugin (and records it on disk) at the limit.
+    pub(crate) fn strike(&self) {
+        let n = self.strikes.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= self.runtime.config.strike_limit && !self.quarantined.swap(true, Ordering::Relaxed) {
+            let _ = std::fs::write(&self.quarantine_marker, format!("{} strikes\n", n));
+        }
+    }
+
+    /// Fails with [`PluginError::Quarantined`] if the plugin is quarantined.
+    pub(crate) fn check_not_quarantined(&self) -> Result<(), PluginError> {
+        match self.status() {
+            PluginStatus::Ready => Ok(()),
+            PluginStatus::Quarantined => {
+                Err(PluginError::Quarantined { plugin: self.manifest.name.clone(), strikes: self.strikes() })
+            }
+        }
+    }
+
+    /// A new instance given `table` and the canonical tokenizer behind it.
+    pub fn instantiate(
+        self: &Arc<Self>,
+        table: Arc<TokenTable>,
+        tokenizer: Arc<dyn CanonicalTokenizer>,
+    ) -> Result<PluginInstance, PluginError> {
+        self.check_not_quarantined()?;
+        PluginInstance::new(self.clone(), table, tokenizer)
+    }
+
+    /// Instantiates without a tokenizer and asks for the kinds (used at load).
+    fn probe_kinds(self: &Arc<Self>) -> anyhow::Result<Vec<String>> {
+        let mut store = self.runtime.new_store(self, Arc::new(crate::tokenizer::NoTokenizer));
+        let instance = self.pre.instantiate(&mut store).anyhow().context("cannot instantiate the component")?;
+        let kinds = instance.dspark_constraint_constraint().call_kinds(&mut store).anyhow().context("`kinds` failed")?;
+        Ok(kinds)
+    }
+}
+
+pub(crate) fn wit_error(plugin: &str, e: bindings::dspark::constraint::types::ConstraintError) -> PluginError {
+    use bindings::dspark::constraint::types::ErrorCode as W;
+    let code = match e.code {
+        W::InvalidKind => ErrorCode::InvalidKind,
+        W::InvalidSource => ErrorCode::InvalidSource,
+        W::InvalidOptions => ErrorCode::InvalidOptions,
+        W::Unsupported => ErrorCode::Unsupported,
+        W::TooLarge => ErrorCode::TooLarge,
+        W::RejectedToken => ErrorCode::RejectedToken,
+        W::InvalidState => ErrorCode::InvalidState,
+        W::Internal => ErrorCode::Internal,
+    };
+    PluginError::Constraint {
+        plugin: plugin.to_string(),
+        error: super::ConstraintError { code, message: e.message, location: e.location },
+    }
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the constraint plugins for wasm32-wasip2 and lays them out as plugin registries:
+#   plugins/<name>/{plugin.toml,plugin.wasm}        the built-in plugins (the server's default)
+#   build/test-plugins/<name>/{...}                 plugins only the test suite loads
+# Each manifest gets the sha256 of its component. Run by scripts/test.sh and scripts/serve.sh.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+
+builtin=(regex:constraints/regex choice:constraints/choice)
+testonly=(testkit:tests/plugins/testkit)
+
+pkgs=()
+for entry in "${builtin[@]}" "${testonly[@]}"; do pkgs+=(-p "dspark-plugin-${entry%%:*}"); done
+cargo build --quiet --profile plugin --target wasm32-wasip2 "${pkgs[@]}"
+
+install_plugin() { # name crate_dir registry_dir
+  local name="$1" dir="$2" reg="$3" wasm sha
+  wasm="$target_dir/wasm32-wasip2/plugin/dspark_plugin_${name}.wasm"
+  [ -f "$wasm" ] || { echo "build-plugins: $wasm was not produced" >&2; exit 1; }
+  sha="$(sha256sum "$wasm" | cut -d' ' -f1)"
+  mkdir -p "$reg/$name"
+  cp "$wasm" "$reg/$name/plugin.wasm.tmp" && mv "$reg/$name/plugin.wasm.tmp" "$reg/$name/plugin.wasm"
+  { cat "$dir/plugin.toml"; echo; echo "sha256 = \"$sha\""; } > "$reg/$name/plugin.toml.tmp"
+  # sha256 must be a top-level key: put it before the first table header.
+  python3 - "$reg/$name/plugin.toml.tmp" "$sha" <<'PY'
+import sys
+path, sha = sys.argv[1:]
+lines = [l for l in open(path).read().splitlines() if not l.startswith('sha256 = ')]
+at = next((i for i, l in enumerate(lines) if l.startswith('[')), len(lines))
+lines.insert(at, f'sha256 = "{sha}"')
+open(path, 'w').write('\n'.join(lines).rstrip() + '\n')
+PY
+  mv "$reg/$name/plugin.toml.tmp" "$reg/$name/plugin.toml"
+  echo "build-plugins: $reg/$name ($(stat -c %s "$wasm") bytes)"
+}
+
+for entry in "${builtin[@]}"; do install_plugin "${entry%%:*}" "${entry#*:}" "$root/plugins"; done
+for entry in "${testonly[@]}"; do install_plugin "${entry%%:*}" "${entry#*:}" "$root/build/test-plugins"; done

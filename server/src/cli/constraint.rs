@@ -1,0 +1,132 @@
+//! `dspark constraint check`: walk a text through a real matcher, token by token.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, anyhow};
+use clap::Subcommand;
+use dspark_host::plugin::PluginError;
+use dspark_host::registry::{EntryState, Registry};
+use dspark_host::tokenizer::{CanonicalTokenizer, HfTokenizer};
+
+use super::RuntimeArgs;
+
+#[derive(Debug, Subcommand)]
+pub enum ConstraintCommand {
+    /// Tokenise TEXT, walk it through a matcher of the constraint, print per token whether it
+    /// was allowed and which forced spans were met; exit 0 only if the text is accepted.
+    Check {
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+        /// The plugin's name in the registry.
+        #[arg(long)]
+        plugin: String,
+        /// The constraint kind.
+        #[arg(long)]
+        kind: String,
+        /// The constraint source (a regex, a JSON Schema, ...).
+        #[arg(long, conflicts_with = "source_file", required_unless_present = "source_file")]
+        source: Option<String>,
+        /// Read the source from a file instead.
+        #[arg(long)]
+        source_file: Option<PathBuf>,
+        /// Options, a JSON object.
+        #[arg(long, default_value = "{}")]
+        options: String,
+        /// A Hugging Face tokenizer.json.
+        #[arg(long)]
+        tokenizer: PathBuf,
+        /// The text to check.
+        #[arg(long)]
+        text: String,
+    },
+}
+
+pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
+    let ConstraintCommand::Check { runtime, plugin, kind, source, source_file, options, tokenizer, text } = cmd;
+    let source = match (source, source_file) {
+        (Some(s), _) => s,
+        (None, Some(f)) => std::fs::read_to_string(&f).with_context(|| format!("cannot read {}", f.display()))?,
+        (None, None) => unreachable!("clap requires one of --source and --source-file"),
+    };
+    let registry = Registry::new(&runtime.plugins_dir, runtime.runtime()?)?;
+    registry.scan();
+    let loaded = match registry.state(&plugin) {
+        Some(EntryState::Loaded(p)) => p,
+        Some(EntryState::Failed(why)) => return Err(anyhow!("plugin `{plugin}` failed to load: {why}")),
+        None => {
+            let names: Vec<String> = registry.list().into_iter().map(|p| p.name).collect();
+            return Err(anyhow!(
+                "no plugin `{plugin}` in {} (found: {})",
+                registry.dir().display(),
+                if names.is_empty() { "none".into() } else { names.join(", ") }
+            ));
+        }
+    };
+    let tok = Arc::new(HfTokenizer::from_file(&tokenizer, None)?);
+    let table = tok.table().clone();
+    let canonical: Arc<dyn CanonicalTokenizer> = tok.clone();
+    let mut instance = loaded.instantiate(table.clone(), canonical.clone())?;
+    let compiled = match instance.compile(&kind, &source, &options) {
+        Ok(c) => c,
+        Err(PluginError::Constraint { error, .. }) => {
+            println!("compile error: {error}");
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    for (loc, msg) in &compiled.warnings {
+        println!("warning at {loc}: {msg}");
+    }
+    let matcher = instance.new_matcher(&compiled)?;
+    let tokens = canonical.tokenize(text.as_bytes());
+    let show = |t: u32| format!("{:?}", String::from_utf8_lossy(table.token_bytes(t)));
+    println!("{} tokens, vocabulary {}", tokens.len(), table.vocab_size());
+    let mut i = 0;
+    let mut forced_total = 0;
+    while i < tokens.len() {
+        let t = tokens[i];
+        let mask = instance.compute_mask(&matcher)?;
+        let allowed = mask.allows(t);
+        let committed = instance.commit(&matcher, &[t]);
+        match (&committed, allowed) {
+            (Ok(_), true) => println!("#{i:<4} {t:>7} {:<24} allowed ({} tokens allowed)", show(t), mask.count(table.vocab_size())),
+            (Err(e), _) => {
+                println!("#{i:<4} {t:>7} {:<24} REJECTED: {e}", show(t));
+                println!("result: rejected at token {i}");
+                return Ok(ExitCode::from(1));
+            }
+            (Ok(_), false) => {
+                println!("#{i:<4} {t:>7} {:<24} REJECTED by the mask (but the commit accepted it: plugin bug)", show(t));
+                return Ok(ExitCode::from(1));
+            }
+        }
+        i += 1;
+        let outcome = committed?;
+        if !outcome.forced.is_empty() {
+            let span: Vec<String> = outcome.forced.iter().map(|&f| show(f)).collect();
+            if tokens.get(i..i + outcome.forced.len()) == Some(outcome.forced.as_slice()) {
+                println!("      forced span of {} tokens matches the text: {}", outcome.forced.len(), span.join(" "));
+                i += outcome.forced.len();
+                forced_total += outcome.forced.len();
+            } else {
+                println!("      forced span {} differs from the text's tokens here; rolled back", span.join(" "));
+                instance.rollback(&matcher, outcome.forced.len() as u32)?;
+            }
+        }
+        if outcome.stop && i < tokens.len() {
+            println!("result: the constraint stopped the output at token {i}, but the text goes on");
+            return Ok(ExitCode::from(1));
+        }
+    }
+    let accepting = instance.is_accepting(&matcher)?;
+    println!("forced tokens: {forced_total} of {}", tokens.len());
+    if accepting {
+        println!("result: accepted");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("result: not accepted (the text is an incomplete match)");
+        Ok(ExitCode::from(1))
+    }
+}

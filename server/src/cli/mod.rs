@@ -1,0 +1,57 @@
+//! Argument parsing and dispatch.
+
+mod constraint;
+mod plugins;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use dspark_host::plugin::{PluginRuntime, RuntimeConfig};
+
+/// dspark: an OpenAI-compatible inference server with WebAssembly constraint plugins.
+#[derive(Debug, Parser)]
+#[command(name = "dspark", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Inspect the plugin registry.
+    #[command(subcommand)]
+    Plugins(plugins::PluginsCommand),
+    /// Exercise constraints without a model.
+    #[command(subcommand)]
+    Constraint(constraint::ConstraintCommand),
+}
+
+/// Options every command that runs plugins shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RuntimeArgs {
+    /// The plugin registry directory.
+    #[arg(long, default_value = "plugins", env = "DSPARK_PLUGINS_DIR")]
+    pub plugins_dir: PathBuf,
+    /// Where compiled components are cached and quarantines recorded (default:
+    /// $DSPARK_STATE_DIR, else ~/.cache/dspark).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl RuntimeArgs {
+    /// Starts a plugin runtime with these options.
+    pub fn runtime(&self) -> anyhow::Result<Arc<PluginRuntime>> {
+        let state = self.state_dir.clone().unwrap_or_else(RuntimeConfig::default_state_dir);
+        PluginRuntime::new(RuntimeConfig::new(state))
+    }
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Plugins(c) => plugins::run(c),
+        Command::Constraint(c) => constraint::run(c),
+    }
+}
