@@ -1,1 +1,133 @@
-pub fn placeholder() {}
+//! Shared fixtures of dspark's end-to-end tests: where the built plugins and fetched assets
+//! are, throwaway registries and state directories, and a small tokenizer.
+//!
+//! Tests need real artifacts: the plugins built by `scripts/build-plugins.sh` and the
+//! tokenizers fetched by `scripts/fetch-assets.sh` (both run by `scripts/test.sh`). A missing
+//! one fails the test with the command to run; nothing is skipped silently.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dspark_host::plugin::{PluginRuntime, RuntimeConfig};
+use dspark_host::registry::Registry;
+use dspark_host::tokenizer::{CanonicalTokenizer, TokenTable};
+
+/// The repository's root folder.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// `path` (relative to the repository root) if it exists; otherwise fails the test, saying
+/// which script makes it.
+pub fn require(path: &str, made_by: &str) -> PathBuf {
+    let p = repo_root().join(path);
+    assert!(p.exists(), "missing {}: run `{made_by}` first (scripts/test.sh does)", p.display());
+    p
+}
+
+/// The folder of a built-in plugin (`plugins/<name>`).
+pub fn builtin_plugin(name: &str) -> PathBuf {
+    require(&format!("plugins/{name}/plugin.wasm"), "scripts/build-plugins.sh");
+    repo_root().join("plugins").join(name)
+}
+
+/// The folder of a test-only plugin (`build/test-plugins/<name>`).
+pub fn test_plugin(name: &str) -> PathBuf {
+    require(&format!("build/test-plugins/{name}/plugin.wasm"), "scripts/build-plugins.sh");
+    repo_root().join("build/test-plugins").join(name)
+}
+
+/// A fetched tokenizer (`assets/tokenizers/<name>/tokenizer.json`).
+pub fn tokenizer_json(name: &str) -> PathBuf {
+    require(&format!("assets/tokenizers/{name}/tokenizer.json"), "scripts/fetch-assets.sh")
+}
+
+/// Copies a plugin folder into `registry` (so a test may change or break it freely).
+pub fn install(plugin_dir: &Path, registry: &Path) -> PathBuf {
+    let name = plugin_dir.file_name().expect("plugin folder has a name");
+    let dest = registry.join(name);
+    std::fs::create_dir_all(&dest).expect("create plugin folder");
+    for f in ["plugin.toml", "plugin.wasm"] {
+        std::fs::copy(plugin_dir.join(f), dest.join(f)).expect("copy plugin file");
+    }
+    dest
+}
+
+/// A throwaway registry and state directory with the given plugins installed and scanned.
+pub struct Fixture {
+    /// The registry's directory.
+    pub plugins: tempfile::TempDir,
+    /// The runtime's state directory (cache, quarantine).
+    pub state: tempfile::TempDir,
+    /// The runtime.
+    pub runtime: Arc<PluginRuntime>,
+    /// The registry, scanned once.
+    pub registry: Arc<Registry>,
+}
+
+impl Fixture {
+    /// Installs `plugin_dirs` into a fresh registry; `configure` adjusts the runtime's limits.
+    pub fn new(plugin_dirs: &[PathBuf], configure: impl FnOnce(&mut RuntimeConfig)) -> Self {
+        let plugins = tempfile::tempdir().expect("temp dir");
+        let state = tempfile::tempdir().expect("temp dir");
+        for d in plugin_dirs {
+            install(d, plugins.path());
+        }
+        let mut config = RuntimeConfig::new(state.path());
+        configure(&mut config);
+        let runtime = PluginRuntime::new(config).expect("runtime starts");
+        let registry = Arc::new(Registry::new(plugins.path(), runtime.clone()).expect("registry"));
+        let report = registry.scan();
+        assert!(report.failed.is_empty(), "plugins failed to load: {:?}", report.failed);
+        Self { plugins, state, runtime, registry }
+    }
+}
+
+/// A small byte-level vocabulary: the 256 bytes, a few words, and `<eos>` (special) last.
+pub struct ByteTokenizer {
+    table: Arc<TokenTable>,
+    words: Vec<Vec<u8>>,
+}
+
+impl ByteTokenizer {
+    /// The bytes, then `extra`, then `<eos>`.
+    pub fn new(extra: &[&str]) -> Arc<Self> {
+        let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        words.extend(extra.iter().map(|w| w.as_bytes().to_vec()));
+        words.push(b"<eos>".to_vec());
+        let eos = words.len() as u32 - 1;
+        let table = Arc::new(TokenTable::new(&words, vec![eos], vec![eos]).expect("valid table"));
+        Arc::new(Self { table, words })
+    }
+
+    /// The table.
+    pub fn table(&self) -> Arc<TokenTable> {
+        self.table.clone()
+    }
+
+    /// The EOS id.
+    pub fn eos(&self) -> u32 {
+        self.words.len() as u32 - 1
+    }
+}
+
+impl CanonicalTokenizer for ByteTokenizer {
+    /// Longest match.
+    fn tokenize(&self, text: &[u8]) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut pos = 0;
+        let eos = self.eos() as usize;
+        while pos < text.len() {
+            let (id, len) = self.words[..eos]
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| text[pos..].starts_with(w))
+                .map(|(i, w)| (i as u32, w.len()))
+                .max_by_key(|&(_, l)| l)
+                .unwrap_or((text[pos] as u32, 1));
+            out.push(id);
+            pos += len;
+        }
+        out
+    }
+}

@@ -359,15 +359,18 @@ fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>, deadline: Dura
     }
 }
 
-fn last_line(s: &str) -> &str {
-    let line = s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(s);
-    if line.len() > 300 {
-        let mut end = 300;
-        while !line.is_char_boundary(end) {
+/// The useful tail of a guest's stderr: the last lines (a Rust panic prints the location,
+/// then the message), without the backtrace hint, capped at 500 bytes.
+fn last_line(s: &str) -> String {
+    let lines: Vec<&str> =
+        s.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("note: run with")).collect();
+    let mut text = lines[lines.len().saturating_sub(2)..].join(" ");
+    if text.len() > 500 {
+        let mut end = 500;
+        while !text.is_char_boundary(end) {
             end -= 1;
         }
-        &line[..end]
-    } else {
-        line
+        text.truncate(end);
     }
+    text
 }

@@ -11,6 +11,7 @@
 //! | `bad-mask-len`    | `compute-mask` returns a bitset of the wrong length         |
 //! | `bad-token`       | `compute-mask` allows a token id beyond the vocabulary      |
 //! | `huge-span`       | `commit` returns a forced span of a million tokens          |
+//! | `wasi-probe`      | `compile` reports, as an error message, what WASI granted   |
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -19,8 +20,17 @@ use dspark_guest::{
     CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, TokenTable,
 };
 
-const KINDS: [&str; 8] =
-    ["bitset", "loop-mask", "endless-compile", "membomb", "panic", "bad-mask-len", "bad-token", "huge-span"];
+const KINDS: [&str; 9] = [
+    "bitset",
+    "loop-mask",
+    "endless-compile",
+    "membomb",
+    "panic",
+    "bad-mask-len",
+    "bad-token",
+    "huge-span",
+    "wasi-probe",
+];
 
 /// The plugin.
 #[derive(Default)]
@@ -55,6 +65,9 @@ impl Plugin for Testkit {
         let Some(kind) = KINDS.iter().copied().find(|k| *k == kind) else {
             return Err(ConstraintError::new(ErrorCode::InvalidKind, format!("unknown kind `{kind}`")));
         };
+        if kind == "wasi-probe" {
+            return Err(ConstraintError::new(ErrorCode::Unsupported, wasi_probe()));
+        }
         if kind == "endless-compile" {
             let mut n = 0u64;
             loop {
@@ -134,6 +147,23 @@ impl Matcher for TestMatcher {
     fn state_key(&self) -> u64 {
         self.len as u64
     }
+}
+
+/// What the sandbox lets the guest see: filesystem, environment, clocks.
+fn wasi_probe() -> String {
+    let fs = match std::fs::read_dir("/") {
+        Ok(_) => "open".to_string(),
+        Err(e) => format!("denied({e})"),
+    };
+    let env = std::env::vars().count();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(u64::MAX);
+    let t0 = std::time::Instant::now();
+    black_box(fs.len());
+    let mono = t0.elapsed().as_nanos();
+    format!("fs={fs} env={env} wall={wall} monotonic_elapsed={mono}")
 }
 
 dspark_guest::export_plugin!(Testkit);

@@ -1,0 +1,181 @@
+//! Hostile plugins against the real sandbox: each misbehaviour gives that call a clear error,
+//! the host stays up, other plugins keep serving, and a plugin that keeps failing is
+//! quarantined.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dspark_host::plugin::{ErrorCode, PluginError, PluginInstance, PluginStatus};
+use dspark_host::tokenizer::CanonicalTokenizer;
+use dspark_tests::{ByteTokenizer, Fixture, builtin_plugin, test_plugin};
+
+fn fixture(strike_limit: u32) -> Fixture {
+    Fixture::new(&[test_plugin("testkit"), builtin_plugin("regex")], |c| {
+        c.strike_limit = strike_limit;
+        c.mask_deadline = Duration::from_millis(50);
+        c.compile_deadline = Duration::from_millis(500);
+        c.memory_bytes = 32 << 20;
+    })
+}
+
+fn instance(f: &Fixture, plugin: &str, tok: &Arc<ByteTokenizer>) -> PluginInstance {
+    let p = f.registry.get(plugin).unwrap_or_else(|| panic!("{plugin} loaded"));
+    let canonical: Arc<dyn CanonicalTokenizer> = tok.clone();
+    p.instantiate(tok.table(), canonical).expect("instantiates")
+}
+
+/// The regex plugin still compiles and masks correctly.
+fn regex_still_serves(f: &Fixture, tok: &Arc<ByteTokenizer>) {
+    let mut inst = instance(f, "regex", tok);
+    let c = inst.compile("regex", "ab+", "{}").expect("regex compiles");
+    let m = inst.new_matcher(&c).expect("matcher");
+    let mask = inst.compute_mask(&m).expect("mask");
+    assert!(mask.allows(b'a' as u32) && !mask.allows(b'b' as u32));
+}
+
+fn trap_message(e: PluginError) -> String {
+    match e {
+        PluginError::Trap { message, .. } => message,
+        other => panic!("expected a trap, got {other:?}"),
+    }
+}
+
+#[test]
+fn endless_mask_hits_the_deadline_and_the_host_goes_on() {
+    let f = fixture(100);
+    let tok = ByteTokenizer::new(&[]);
+    let mut inst = instance(&f, "testkit", &tok);
+    let c = inst.compile("loop-mask", "", "{}").unwrap();
+    let m = inst.new_matcher(&c).unwrap();
+    let msg = trap_message(inst.compute_mask(&m).unwrap_err());
+    assert!(msg.contains("exceeded its time limit of 50 ms"), "{msg}");
+    // The old matcher died with its Store; the instance itself restarts on the next compile.
+    assert!(matches!(inst.compute_mask(&m), Err(PluginError::Stale { .. })));
+    let c = inst.compile("bitset", "", "{}").expect("a fresh Store compiles again");
+    let m = inst.new_matcher(&c).unwrap();
+    assert!(inst.compute_mask(&m).is_ok());
+    regex_still_serves(&f, &tok);
+}
+
+#[test]
+fn endless_compile_hits_the_compile_deadline() {
+    let f = fixture(100);
+    let tok = ByteTokenizer::new(&[]);
+    let mut inst = instance(&f, "testkit", &tok);
+    let msg = trap_message(inst.compile("endless-compile", "", "{}").unwrap_err());
+    assert!(msg.contains("exceeded its time limit of 500 ms"), "{msg}");
+    regex_still_serves(&f, &tok);
+}
+
+#[test]
+fn memory_bomb_is_stopped_by_the_store_limit() {
+    let f = fixture(100);
+    let tok = ByteTokenizer::new(&[]);
+    let mut inst = instance(&f, "testkit", &tok);
+    let c = inst.compile("membomb", "", "{}").unwrap();
+    let m = inst.new_matcher(&c).unwrap();
+    let msg = trap_message(inst.compute_mask(&m).unwrap_err());
+    assert!(msg.contains("memory"), "{msg}");
+    regex_still_serves(&f, &tok);
+}
+
+#[test]
+fn panic_is_a_trap_with_the_panic_message() {
+    let f = fixture(100);
+    let tok = ByteTokenizer::new(&[]);
+    let mut inst = instance(&f, "testkit", &tok);
+    let c = inst.compile("panic", "", "{}").unwrap();
+    let m = inst.new_matcher(&c).unwrap();
+    let msg = trap_message(inst.compute_mask(&m).unwrap_err());
+    assert!(msg.contains("panicked") && msg.contains("deliberate panic in compute-mask"), "{msg}");
+    regex_still_serves(&f, &tok);
+}
+
+#[test]
+fn invalid_answers_are_refused() {
+    let f = fixture(100);
+    let tok = ByteTokenizer::new(&[]);
+    let vocab = tok.table().vocab_size();
+    let mut inst = instance(&f, "testkit", &tok);
+    let cases = [
+        ("bad-mask-len", "compute-mask", format!("the bitset has {} words; a vocabulary of {vocab} needs exactly {}", vocab.div_ceil(32) + 3, vocab.div_ceil(32))),
+        ("bad-token", "compute-mask", format!("token id {} is not below the vocabulary size {vocab}", vocab + 5)),
+        ("huge-span", "commit", "a forced span of 1000000 tokens exceeds the cap of 4096".to_string()),
+    ];
+    for (kind, call, want) in cases {
+        let c = inst.compile(kind, "", "{}").unwrap();
+        let m = inst.new_matcher(&c).unwrap();
+        let err = if call == "commit" { inst.commit(&m, &[1]).unwrap_err() } else { inst.compute_mask(&m).unwrap_err() };
+        match err {
+            PluginError::InvalidOutput { call: got_call, message, .. } => {
+                assert_eq!(got_call, call, "{kind}");
+                assert_eq!(message, want, "{kind}");
+            }
+            other => panic!("{kind}: expected an invalid-output error, got {other:?}"),
+        }
+    }
+    // Invalid answers do not kill the Store: the same instance keeps working.
+    let c = inst.compile("bitset", "", "{}").unwrap();
+    let m = inst.new_matcher(&c).unwrap();
+    assert!(inst.compute_mask(&m).is_ok());
+}
+
+#[test]
+fn a_plugin_that_keeps_trapping_is_quarantined_and_others_keep_serving() {
+    let f = fixture(3);
+    let tok = ByteTokenizer::new(&[]);
+    let plugin = f.registry.get("testkit").unwrap();
+    let mut inst = instance(&f, "testkit", &tok);
+    for _ in 0..3 {
+        let c = inst.compile("panic", "", "{}").unwrap();
+        let m = inst.new_matcher(&c).unwrap();
+        assert!(matches!(inst.compute_mask(&m), Err(PluginError::Trap { .. })));
+    }
+    assert_eq!(plugin.status(), PluginStatus::Quarantined);
+    let err = inst.compile("bitset", "", "{}").unwrap_err();
+    assert!(matches!(err, PluginError::Quarantined { strikes: 3, .. }), "{err:?}");
+    let canonical: Arc<dyn CanonicalTokenizer> = tok.clone();
+    assert!(matches!(plugin.instantiate(tok.table(), canonical), Err(PluginError::Quarantined { .. })));
+    let listed = f.registry.list();
+    let row = listed.iter().find(|p| p.name == "testkit").unwrap();
+    assert_eq!(row.status, "quarantined");
+    assert_eq!(f.registry.find_kind("bitset").map(|p| p.name().to_string()), None);
+    regex_still_serves(&f, &tok);
+    // The quarantine is recorded for this component: a new runtime over the same state
+    // directory (e.g. `dspark plugins list`) sees it too.
+    let again = f.runtime.load(&f.plugins.path().join("testkit")).unwrap();
+    assert_eq!(again.status(), PluginStatus::Quarantined);
+}
+
+#[test]
+fn plugins_get_no_filesystem_no_environment_and_frozen_clocks() {
+    let f = fixture(100);
+    let tok = ByteTokenizer::new(&[]);
+    let mut inst = instance(&f, "testkit", &tok);
+    match inst.compile("wasi-probe", "", "{}").unwrap_err() {
+        PluginError::Constraint { error, .. } => {
+            assert_eq!(error.code, ErrorCode::Unsupported);
+            let m = error.message;
+            assert!(m.starts_with("fs=denied("), "{m}");
+            assert!(m.contains(" env=0 ") && m.contains(" wall=0 ") && m.ends_with(" monotonic_elapsed=0"), "{m}");
+        }
+        other => panic!("expected the probe's report, got {other:?}"),
+    }
+}
+
+#[test]
+fn error_values_are_not_strikes() {
+    let f = fixture(2);
+    let tok = ByteTokenizer::new(&[]);
+    let mut inst = instance(&f, "regex", &tok);
+    for _ in 0..5 {
+        match inst.compile("regex", "(", "{}").unwrap_err() {
+            PluginError::Constraint { error, .. } => {
+                assert_eq!(error.code, ErrorCode::InvalidSource);
+                assert!(error.message.contains("unclosed group"), "{}", error.message);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(f.registry.get("regex").unwrap().status(), PluginStatus::Ready);
+}
