@@ -96,9 +96,7 @@ impl Mask {
             Mask::All => true,
             Mask::Allow(ids) => ids.contains(&token),
             Mask::Ranges(r) => r.iter().any(|&(s, e)| s <= token && token < e),
-            Mask::Bitset(words) => words
-                .get((token / 32) as usize)
-                .is_some_and(|w| w >> (token % 32) & 1 == 1),
+            Mask::Bitset(words) => words.get((token / 32) as usize).is_some_and(|w| w >> (token % 32) & 1 == 1),
         }
     }
 

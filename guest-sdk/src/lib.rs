@@ -45,7 +45,7 @@ macro_rules! export_plugin {
                 PLUGIN.get_or_init(<$plugin as ::core::default::Default>::default)
             }
             use $crate::wasm::Exports;
-            $crate::wasm::bindings::__dspark_export_world!(Exports with_types_in $crate::wasm::bindings);
+    $crate::wasm::bindings::__dspark_export_world!(Exports with_types_in $crate::wasm::bindings);
         };
     };
 }

@@ -139,7 +139,11 @@ impl<R: Recognizer> RecognizerMatcher<R> {
             ConstraintError::new(ErrorCode::RejectedToken, format!("token {token} is not allowed here: {why}"))
         };
         if self.table.is_eos(token) {
-            return if self.rec.is_accepting(state) { Ok(Step::Eos) } else { Err(reject("the output is not complete")) };
+            return if self.rec.is_accepting(state) {
+                Ok(Step::Eos)
+            } else {
+                Err(reject("the output is not complete"))
+            };
         }
         if token as usize >= self.table.vocab_size() {
             return Err(reject("the id is outside the vocabulary"));

@@ -34,10 +34,7 @@ pub struct TokenTable {
 
 impl fmt::Debug for TokenTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TokenTable")
-            .field("vocab_size", &self.vocab_size())
-            .field("eos", &self.eos)
-            .finish()
+        f.debug_struct("TokenTable").field("vocab_size", &self.vocab_size()).field("eos", &self.eos).finish()
     }
 }
 

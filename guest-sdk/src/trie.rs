@@ -46,7 +46,13 @@ impl TokenTrie {
             path_bytes.truncate(common);
             for &b in &bytes[common..] {
                 let start = node_tokens.len() as u32;
-                nodes.push(Node { byte: b, depth: path.len() as u16, subtree_end: 0, tokens_start: start, tokens_end: start });
+                nodes.push(Node {
+                    byte: b,
+                    depth: path.len() as u16,
+                    subtree_end: 0,
+                    tokens_start: start,
+                    tokens_end: start,
+                });
                 path.push(nodes.len() - 1);
                 path_bytes.push(b);
             }
@@ -146,7 +152,12 @@ mod tests {
         // Recogniser: any string over {a, b} of length <= 2; state = length so far.
         let mut got = Vec::new();
         let mut stack = Vec::new();
-        t.walk(&0usize, &mut stack, |&len, b| (len < 2 && (b == b'a' || b == b'b')).then_some(len + 1), |id| got.push(id));
+        t.walk(
+            &0usize,
+            &mut stack,
+            |&len, b| (len < 2 && (b == b'a' || b == b'b')).then_some(len + 1),
+            |id| got.push(id),
+        );
         got.sort();
         assert_eq!(got, vec![0, 1, 3, 4, 7]);
     }

@@ -128,7 +128,11 @@ impl Registry {
                             EntryState::Failed(format!("{e:#}"))
                         }
                     };
-                    if old.is_some() { report.replaced.push(name.clone()) } else { report.added.push(name.clone()) }
+                    if old.is_some() {
+                        report.replaced.push(name.clone())
+                    } else {
+                        report.added.push(name.clone())
+                    }
                     updates.push((name.clone(), Entry { state, fingerprint: *fp }));
                 }
             }
@@ -232,8 +236,7 @@ impl Drop for WatchGuard {
 }
 
 fn fingerprint(dir: &Path) -> Fingerprint {
-    let stat = |f: &str| {
-        std::fs::metadata(dir.join(f)).map(|m| (m.len(), m.modified().ok())).unwrap_or((u64::MAX, None))
-    };
+    let stat =
+        |f: &str| std::fs::metadata(dir.join(f)).map(|m| (m.len(), m.modified().ok())).unwrap_or((u64::MAX, None));
     [stat("plugin.toml"), stat("plugin.wasm")]
 }

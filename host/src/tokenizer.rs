@@ -135,7 +135,9 @@ impl HfTokenizer {
         let mut tokens: Vec<Vec<u8>> = vec![Vec::new(); size];
         for (text, &id) in &vocab {
             tokens[id as usize] = if byte_level {
-                text.chars().map(|c| decode_byte_level.get(&c).copied()).collect::<Option<Vec<u8>>>()
+                text.chars()
+                    .map(|c| decode_byte_level.get(&c).copied())
+                    .collect::<Option<Vec<u8>>>()
                     .unwrap_or_else(|| text.as_bytes().to_vec())
             } else {
                 sentencepiece_bytes(text)
@@ -224,11 +226,7 @@ fn byte_level_decoder() -> HashMap<char, u8> {
             n += 1;
         }
     }
-    printable
-        .into_iter()
-        .zip(chars)
-        .filter_map(|(b, c)| char::from_u32(c).map(|c| (c, b as u8)))
-        .collect()
+    printable.into_iter().zip(chars).filter_map(|(b, c)| char::from_u32(c).map(|c| (c, b as u8))).collect()
 }
 
 /// SentencePiece token text to bytes: `▁` is a space, `<0xNN>` a raw byte.

@@ -71,17 +71,34 @@ fn bad_plugins_are_reported_and_the_rest_load() {
 
     let future = dir.join("future");
     std::fs::create_dir_all(&future).unwrap();
-    std::fs::write(future.join("plugin.toml"), "name = \"future\"\nversion = \"1\"\nwit = \"dspark:constraint@9.0.0\"\nkinds = [\"x\"]\nsha256 = \"00\"\n").unwrap();
+    std::fs::write(
+        future.join("plugin.toml"),
+        "name = \"future\"\nversion = \"1\"\nwit = \"dspark:constraint@9.0.0\"\nkinds = [\"x\"]\nsha256 = \"00\"\n",
+    )
+    .unwrap();
 
     let r = f.registry.scan();
     let failed: std::collections::BTreeMap<_, _> = r.failed.into_iter().collect();
     assert_eq!(failed.len(), 4, "{failed:?}");
-    assert!(failed["choice"].contains("plugin.wasm has sha256") && failed["choice"].contains("the manifest says 0000"), "{}", failed["choice"]);
+    assert!(
+        failed["choice"].contains("plugin.wasm has sha256") && failed["choice"].contains("the manifest says 0000"),
+        "{}",
+        failed["choice"]
+    );
     assert!(failed["garbage"].contains("does not compile"), "{}", failed["garbage"]);
-    assert!(failed["testkit"].contains("declares kinds [\"bitset\"] but the component serves"), "{}", failed["testkit"]);
-    assert!(failed["future"].contains("targets `dspark:constraint@9.0.0`; this host supports dspark:constraint@0.1.0"), "{}", failed["future"]);
+    assert!(
+        failed["testkit"].contains("declares kinds [\"bitset\"] but the component serves"),
+        "{}",
+        failed["testkit"]
+    );
+    assert!(
+        failed["future"].contains("targets `dspark:constraint@9.0.0`; this host supports dspark:constraint@0.1.0"),
+        "{}",
+        failed["future"]
+    );
     assert!(matches!(f.registry.state("regex"), Some(EntryState::Loaded(_))));
-    let statuses: Vec<String> = f.registry.list().into_iter().map(|p| format!("{} {}", p.name, p.status.split(':').next().unwrap())).collect();
+    let statuses: Vec<String> =
+        f.registry.list().into_iter().map(|p| format!("{} {}", p.name, p.status.split(':').next().unwrap())).collect();
     assert_eq!(statuses, vec!["choice failed", "future failed", "garbage failed", "regex ready", "testkit failed"]);
 }
 
@@ -101,7 +118,8 @@ fn watch_picks_up_a_new_plugin_without_a_restart() {
 #[test]
 fn components_are_cached_in_the_state_directory_only() {
     let f = Fixture::new(&[builtin_plugin("regex")], |_| {});
-    let cached: Vec<_> = std::fs::read_dir(f.state.path().join("components")).unwrap().flatten().map(|e| e.file_name()).collect();
+    let cached: Vec<_> =
+        std::fs::read_dir(f.state.path().join("components")).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(cached.len(), 1);
     let sha = f.registry.get("regex").unwrap().sha256.clone();
     assert!(cached[0].to_string_lossy().starts_with(&sha), "{cached:?}");

@@ -98,14 +98,23 @@ fn invalid_answers_are_refused() {
     let vocab = tok.table().vocab_size();
     let mut inst = instance(&f, "testkit", &tok);
     let cases = [
-        ("bad-mask-len", "compute-mask", format!("the bitset has {} words; a vocabulary of {vocab} needs exactly {}", vocab.div_ceil(32) + 3, vocab.div_ceil(32))),
+        (
+            "bad-mask-len",
+            "compute-mask",
+            format!(
+                "the bitset has {} words; a vocabulary of {vocab} needs exactly {}",
+                vocab.div_ceil(32) + 3,
+                vocab.div_ceil(32)
+            ),
+        ),
         ("bad-token", "compute-mask", format!("token id {} is not below the vocabulary size {vocab}", vocab + 5)),
         ("huge-span", "commit", "a forced span of 1000000 tokens exceeds the cap of 4096".to_string()),
     ];
     for (kind, call, want) in cases {
         let c = inst.compile(kind, "", "{}").unwrap();
         let m = inst.new_matcher(&c).unwrap();
-        let err = if call == "commit" { inst.commit(&m, &[1]).unwrap_err() } else { inst.compute_mask(&m).unwrap_err() };
+        let err =
+            if call == "commit" { inst.commit(&m, &[1]).unwrap_err() } else { inst.compute_mask(&m).unwrap_err() };
         match err {
             PluginError::InvalidOutput { call: got_call, message, .. } => {
                 assert_eq!(got_call, call, "{kind}");

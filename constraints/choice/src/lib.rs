@@ -51,7 +51,9 @@ impl ChoiceRecognizer {
         let mut nodes = vec![Node::default()];
         for (i, c) in choices.iter().enumerate() {
             if c.is_empty() {
-                return Err(ConstraintError::new(ErrorCode::InvalidSource, "a choice is the empty string").at(format!("/{i}")));
+                return Err(
+                    ConstraintError::new(ErrorCode::InvalidSource, "a choice is the empty string").at(format!("/{i}"))
+                );
             }
             let mut n = 0usize;
             for &b in c.as_bytes() {
@@ -121,7 +123,10 @@ impl Plugin for ChoicePlugin {
         table: &Arc<TokenTable>,
     ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
         if kind != "choice" {
-            return Err(ConstraintError::new(ErrorCode::InvalidKind, format!("unknown kind `{kind}`; this plugin serves `choice`")));
+            return Err(ConstraintError::new(
+                ErrorCode::InvalidKind,
+                format!("unknown kind `{kind}`; this plugin serves `choice`"),
+            ));
         }
         check_no_options(options)?;
         let choices: Vec<String> = serde_json::from_str(source).map_err(|e| {
@@ -167,12 +172,21 @@ mod tests {
         let r = m.commit(&[b'p' as u32]).unwrap();
         assert_eq!(r.forced, table.tokenize(b"ositive"));
         assert!(r.stop);
+        // Committing nothing at the start reports the span that is already certain.
+        let single = ChoicePlugin.compile("choice", r#"["only"]"#, "{}", &table).unwrap();
+        let r = single.new_matcher().commit(&[]).unwrap();
+        assert_eq!(r.forced, table.tokenize(b"only"));
+        assert!(r.stop);
     }
 
     #[test]
     fn bad_sources_are_errors() {
         let table = Arc::new(TokenTable::byte_level_for_tests(&[]));
-        for (src, code) in [("[]", ErrorCode::InvalidSource), ("[1]", ErrorCode::InvalidSource), (r#"["a",""]"#, ErrorCode::InvalidSource)] {
+        for (src, code) in [
+            ("[]", ErrorCode::InvalidSource),
+            ("[1]", ErrorCode::InvalidSource),
+            (r#"["a",""]"#, ErrorCode::InvalidSource),
+        ] {
             assert_eq!(ChoicePlugin.compile("choice", src, "{}", &table).err().unwrap().code, code, "{src}");
         }
     }

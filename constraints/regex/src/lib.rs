@@ -39,6 +39,10 @@ impl RegexRecognizer {
                 format!("the pattern is {} bytes; the limit is {MAX_PATTERN_BYTES}", pattern.len()),
             ));
         }
+        // Parse the pattern alone first, so a syntax error points into the user's text rather
+        // than into the anchored wrapper below.
+        regex_automata::util::syntax::parse(pattern)
+            .map_err(|e| ConstraintError::new(ErrorCode::InvalidSource, format!("invalid regex: {e}")))?;
         let anchored = format!("(?:{pattern})\\z");
         let dfa = dense::Builder::new()
             .configure(
@@ -139,7 +143,10 @@ impl Plugin for RegexPlugin {
         table: &Arc<TokenTable>,
     ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
         if kind != "regex" {
-            return Err(ConstraintError::new(ErrorCode::InvalidKind, format!("unknown kind `{kind}`; this plugin serves `regex`")));
+            return Err(ConstraintError::new(
+                ErrorCode::InvalidKind,
+                format!("unknown kind `{kind}`; this plugin serves `regex`"),
+            ));
         }
         check_no_options(options)?;
         Ok(RecognizerConstraint::new(RegexRecognizer::new(source)?, table, Vec::new()))

@@ -108,7 +108,17 @@ impl PluginInstance {
         let (store, bindings) = Self::start(&plugin, &table, &tokenizer)?;
         let mask_ticks = plugin.runtime.ticks(plugin.mask_deadline);
         let compile_ticks = plugin.runtime.ticks(plugin.compile_deadline);
-        Ok(Self { plugin, table, tokenizer, store, bindings, generation: 0, poisoned: false, mask_ticks, compile_ticks })
+        Ok(Self {
+            plugin,
+            table,
+            tokenizer,
+            store,
+            bindings,
+            generation: 0,
+            poisoned: false,
+            mask_ticks,
+            compile_ticks,
+        })
     }
 
     fn start(
@@ -197,9 +207,12 @@ impl PluginInstance {
         self.plugin.check_not_quarantined()?;
         self.revive()?;
         let ticks = self.compile_ticks;
-        let res = self.call("compile", ticks, |s, b| b.dspark_constraint_constraint().compiled().call_compile(s, kind, source, options))?;
+        let res = self.call("compile", ticks, |s, b| {
+            b.dspark_constraint_constraint().compiled().call_compile(s, kind, source, options)
+        })?;
         let res = res.map_err(|e| wit_error(self.plugin.name(), e))?;
-        let warnings = self.call("warnings", ticks, |s, b| b.dspark_constraint_constraint().compiled().call_warnings(s, res))?;
+        let warnings =
+            self.call("warnings", ticks, |s, b| b.dspark_constraint_constraint().compiled().call_warnings(s, res))?;
         Ok(CompiledHandle {
             res,
             generation: self.generation,
@@ -233,7 +246,8 @@ impl PluginInstance {
             wit::Mask::All => TokenMask::All,
             wit::Mask::Allow(ids) => {
                 if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-                    return Err(self.invalid("compute-mask", format!("token id {bad} is not below the vocabulary size {vocab}")));
+                    return Err(self
+                        .invalid("compute-mask", format!("token id {bad} is not below the vocabulary size {vocab}")));
                 }
                 TokenMask::Allow(ids)
             }
@@ -255,7 +269,9 @@ impl PluginInstance {
                 }
                 let tail = vocab % 32;
                 if tail != 0 && w[words - 1] >> tail != 0 {
-                    return Err(self.invalid("compute-mask", format!("the bitset allows token ids at or above {vocab}")));
+                    return Err(
+                        self.invalid("compute-mask", format!("the bitset allows token ids at or above {vocab}"))
+                    );
                 }
                 TokenMask::Bitset(w)
             }
@@ -265,15 +281,21 @@ impl PluginInstance {
     /// Commits `tokens`; returns the validated forced span and the stop flag.
     pub fn commit(&mut self, m: &MatcherHandle, tokens: &[u32]) -> Result<CommitOutcome, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        let r = self.call("commit", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_commit(s, m.res, tokens))?;
+        let r = self.call("commit", self.mask_ticks, |s, b| {
+            b.dspark_constraint_constraint().matcher().call_commit(s, m.res, tokens)
+        })?;
         let r = r.map_err(|e| wit_error(self.plugin.name(), e))?;
         let cap = self.plugin.runtime.config().max_forced_tokens;
         if r.forced.len() > cap {
-            return Err(self.invalid("commit", format!("a forced span of {} tokens exceeds the cap of {cap}", r.forced.len())));
+            return Err(
+                self.invalid("commit", format!("a forced span of {} tokens exceeds the cap of {cap}", r.forced.len()))
+            );
         }
         let vocab = self.table.vocab_size();
         if let Some(bad) = r.forced.iter().find(|&&t| t as usize >= vocab) {
-            return Err(self.invalid("commit", format!("forced token id {bad} is not below the vocabulary size {vocab}")));
+            return Err(
+                self.invalid("commit", format!("forced token id {bad} is not below the vocabulary size {vocab}"))
+            );
         }
         Ok(CommitOutcome { forced: r.forced, stop: r.stop })
     }
@@ -281,7 +303,9 @@ impl PluginInstance {
     /// Undoes the last `n` tokens.
     pub fn rollback(&mut self, m: &MatcherHandle, n: u32) -> Result<(), PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        let r = self.call("rollback", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_rollback(s, m.res, n))?;
+        let r = self.call("rollback", self.mask_ticks, |s, b| {
+            b.dspark_constraint_constraint().matcher().call_rollback(s, m.res, n)
+        })?;
         r.map_err(|e| wit_error(self.plugin.name(), e))
     }
 
@@ -300,26 +324,33 @@ impl PluginInstance {
     /// An independent copy of a matcher.
     pub fn fork(&mut self, m: &MatcherHandle) -> Result<MatcherHandle, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        let res = self.call("fork", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_fork(s, m.res))?;
+        let res =
+            self.call("fork", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_fork(s, m.res))?;
         Ok(MatcherHandle { res, generation: self.generation })
     }
 
     /// Whether the output so far is complete.
     pub fn is_accepting(&mut self, m: &MatcherHandle) -> Result<bool, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        self.call("is-accepting", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_is_accepting(s, m.res))
+        self.call("is-accepting", self.mask_ticks, |s, b| {
+            b.dspark_constraint_constraint().matcher().call_is_accepting(s, m.res)
+        })
     }
 
     /// Whether the sequence has ended.
     pub fn is_stopped(&mut self, m: &MatcherHandle) -> Result<bool, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        self.call("is-stopped", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_is_stopped(s, m.res))
+        self.call("is-stopped", self.mask_ticks, |s, b| {
+            b.dspark_constraint_constraint().matcher().call_is_stopped(s, m.res)
+        })
     }
 
     /// The matcher's state key.
     pub fn state_key(&mut self, m: &MatcherHandle) -> Result<u64, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        self.call("state-key", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_state_key(s, m.res))
+        self.call("state-key", self.mask_ticks, |s, b| {
+            b.dspark_constraint_constraint().matcher().call_state_key(s, m.res)
+        })
     }
 
     /// Frees a matcher in the guest. Handles of a restarted instance are simply forgotten.

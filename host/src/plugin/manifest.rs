@@ -60,7 +60,8 @@ impl Manifest {
     /// Reads and checks `path`.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let manifest: Manifest = toml::from_str(&text).with_context(|| format!("invalid manifest {}", path.display()))?;
+        let manifest: Manifest =
+            toml::from_str(&text).with_context(|| format!("invalid manifest {}", path.display()))?;
         manifest.check()?;
         Ok(manifest)
     }

@@ -161,7 +161,8 @@ impl PluginRuntime {
         let engine = Engine::new(&wasm).anyhow().context("cannot create the wasmtime engine")?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).anyhow().context("cannot link WASI")?;
-        bindings::Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s).anyhow()
+        bindings::Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .anyhow()
             .context("cannot link the dspark host interface")?;
         std::fs::create_dir_all(config.state_dir.join("components"))
             .with_context(|| format!("cannot create the state directory {}", config.state_dir.display()))?;
@@ -271,9 +272,12 @@ impl PluginRuntime {
         let component = self.component(&wasm, &sha).with_context(|| format!("plugin `{}`", manifest.name))?;
         let pre = self
             .linker
-            .instantiate_pre(&component).anyhow()
+            .instantiate_pre(&component)
+            .anyhow()
             .with_context(|| format!("plugin `{}` imports something this host does not provide", manifest.name))?;
-        let pre = bindings::PluginPre::new(pre).anyhow().with_context(|| format!("plugin `{}` does not export the contract", manifest.name))?;
+        let pre = bindings::PluginPre::new(pre)
+            .anyhow()
+            .with_context(|| format!("plugin `{}` does not export the contract", manifest.name))?;
         let clamp = |asked: Option<u64>, default: Duration| {
             asked.map_or(default, Duration::from_millis).min(self.config.max_deadline)
         };
@@ -421,11 +425,22 @@ impl LoadedPlugin {
         PluginInstance::new(self.clone(), table, tokenizer)
     }
 
+    /// Instantiates a fresh Store from the cached `InstancePre` and drops it, without `init`:
+    /// the fixed cost of restarting an instance after a trap (benchmarks, health checks).
+    pub fn instantiate_bare(&self) -> Result<(), PluginError> {
+        let mut store = self.runtime.new_store(self, Arc::new(crate::tokenizer::NoTokenizer));
+        self.pre.instantiate(&mut store).map(drop).map_err(|e| PluginError::Setup {
+            plugin: self.name().to_string(),
+            message: format!("cannot instantiate: {e:#}"),
+        })
+    }
+
     /// Instantiates without a tokenizer and asks for the kinds (used at load).
     fn probe_kinds(self: &Arc<Self>) -> anyhow::Result<Vec<String>> {
         let mut store = self.runtime.new_store(self, Arc::new(crate::tokenizer::NoTokenizer));
         let instance = self.pre.instantiate(&mut store).anyhow().context("cannot instantiate the component")?;
-        let kinds = instance.dspark_constraint_constraint().call_kinds(&mut store).anyhow().context("`kinds` failed")?;
+        let kinds =
+            instance.dspark_constraint_constraint().call_kinds(&mut store).anyhow().context("`kinds` failed")?;
         Ok(kinds)
     }
 }

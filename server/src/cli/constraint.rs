@@ -91,14 +91,19 @@ pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
         let allowed = mask.allows(t);
         let committed = instance.commit(&matcher, &[t]);
         match (&committed, allowed) {
-            (Ok(_), true) => println!("#{i:<4} {t:>7} {:<24} allowed ({} tokens allowed)", show(t), mask.count(table.vocab_size())),
+            (Ok(_), true) => {
+                println!("#{i:<4} {t:>7} {:<24} allowed ({} tokens allowed)", show(t), mask.count(table.vocab_size()))
+            }
             (Err(e), _) => {
                 println!("#{i:<4} {t:>7} {:<24} REJECTED: {e}", show(t));
                 println!("result: rejected at token {i}");
                 return Ok(ExitCode::from(1));
             }
             (Ok(_), false) => {
-                println!("#{i:<4} {t:>7} {:<24} REJECTED by the mask (but the commit accepted it: plugin bug)", show(t));
+                println!(
+                    "#{i:<4} {t:>7} {:<24} REJECTED by the mask (but the commit accepted it: plugin bug)",
+                    show(t)
+                );
                 return Ok(ExitCode::from(1));
             }
         }

@@ -16,9 +16,7 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
-use dspark_guest::{
-    CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, TokenTable,
-};
+use dspark_guest::{CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, TokenTable};
 
 const KINDS: [&str; 9] = [
     "bitset",
@@ -124,7 +122,8 @@ impl Matcher for TestMatcher {
     }
 
     fn rollback(&mut self, n: u32) -> Result<(), ConstraintError> {
-        self.len = self.len.checked_sub(n).ok_or_else(|| ConstraintError::new(ErrorCode::InvalidState, "rollback too far"))?;
+        self.len =
+            self.len.checked_sub(n).ok_or_else(|| ConstraintError::new(ErrorCode::InvalidState, "rollback too far"))?;
         Ok(())
     }
 
@@ -156,10 +155,8 @@ fn wasi_probe() -> String {
         Err(e) => format!("denied({e})"),
     };
     let env = std::env::vars().count();
-    let wall = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(u64::MAX);
+    let wall =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(u64::MAX);
     let t0 = std::time::Instant::now();
     black_box(fs.len());
     let mono = t0.elapsed().as_nanos();

@@ -1,0 +1,128 @@
+//! The `dspark` binary's plugin and constraint commands, run as a user would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn need(rel: &str, script: &str) -> PathBuf {
+    let p = root().join(rel);
+    assert!(p.exists(), "missing {}: run `{script}` first (scripts/test.sh does)", p.display());
+    p
+}
+
+fn dspark(args: &[&str], state: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dspark"))
+        .args(args)
+        .arg("--state-dir")
+        .arg(state)
+        .current_dir(root())
+        .output()
+        .expect("dspark runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn constraint_check_accepts_a_match_and_shows_forced_spans() {
+    need("plugins/choice/plugin.wasm", "scripts/build-plugins.sh");
+    let tok = need("assets/tokenizers/llama3/tokenizer.json", "scripts/fetch-assets.sh");
+    let state = tempfile::tempdir().unwrap();
+    let o = dspark(
+        &[
+            "constraint",
+            "check",
+            "--plugin",
+            "choice",
+            "--kind",
+            "choice",
+            "--source",
+            r#"["Paris is the capital of France","London"]"#,
+            "--tokenizer",
+            tok.to_str().unwrap(),
+            "--text",
+            "Paris is the capital of France",
+        ],
+        state.path(),
+    );
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains(r#"#0      60704 "Paris"                  allowed (8 tokens allowed)"#), "{out}");
+    assert!(
+        out.contains(r#"forced span of 5 tokens matches the text: " is" " the" " capital" " of" " France""#),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with("result: accepted"), "{out}");
+}
+
+#[test]
+fn constraint_check_fails_on_a_rejected_token_an_incomplete_text_and_a_bad_source() {
+    need("plugins/regex/plugin.wasm", "scripts/build-plugins.sh");
+    let tok = need("assets/tokenizers/llama3/tokenizer.json", "scripts/fetch-assets.sh");
+    let tok = tok.to_str().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let re = r"\d{4}-\d{2}-\d{2}";
+    let check = |text: &str, source: &str| {
+        dspark(
+            &[
+                "constraint",
+                "check",
+                "--plugin",
+                "regex",
+                "--kind",
+                "regex",
+                "--source",
+                source,
+                "--tokenizer",
+                tok,
+                "--text",
+                text,
+            ],
+            state.path(),
+        )
+    };
+    let ok = check("2024-05-17", re);
+    assert!(ok.status.success(), "{}", stdout(&ok));
+    let rejected = check("2024-05-1x", re);
+    assert_eq!(rejected.status.code(), Some(1));
+    assert!(
+        stdout(&rejected).contains("REJECTED") && stdout(&rejected).contains("result: rejected at token"),
+        "{}",
+        stdout(&rejected)
+    );
+    let partial = check("2024-05", re);
+    assert_eq!(partial.status.code(), Some(1));
+    assert!(stdout(&partial).contains("result: not accepted (the text is an incomplete match)"));
+    let bad = check("x", "(");
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stdout(&bad).starts_with("compile error: invalid-source:"), "{}", stdout(&bad));
+    let missing = dspark(
+        &["constraint", "check", "--plugin", "nope", "--kind", "k", "--source", "s", "--tokenizer", tok, "--text", "x"],
+        state.path(),
+    );
+    assert_eq!(missing.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("no plugin `nope` in plugins (found: choice, regex)"), "{err}");
+}
+
+#[test]
+fn plugins_list_and_validate() {
+    need("plugins/regex/plugin.wasm", "scripts/build-plugins.sh");
+    let state = tempfile::tempdir().unwrap();
+    let o = dspark(&["plugins", "list", "--json"], state.path());
+    assert!(o.status.success());
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["choice", "regex"]);
+    assert!(rows.as_array().unwrap().iter().all(|r| r["status"] == "ready"));
+    let v = dspark(&["plugins", "validate", "plugins/regex"], state.path());
+    assert!(v.status.success());
+    assert!(stdout(&v).starts_with("ok: regex 0.1.0 serves regex (sha256 "), "{}", stdout(&v));
+    let bad = dspark(&["plugins", "validate", "guest-sdk"], state.path());
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stdout(&bad).starts_with("invalid: cannot read"), "{}", stdout(&bad));
+}
