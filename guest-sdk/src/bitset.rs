@@ -57,10 +57,8 @@ impl TokenSet {
     pub fn fill(&mut self) {
         self.words.fill(u32::MAX);
         let tail = self.len % 32;
-        if tail != 0 {
-            if let Some(last) = self.words.last_mut() {
-                *last = (1u32 << tail) - 1;
-            }
+        if let (true, Some(last)) = (tail != 0, self.words.last_mut()) {
+            *last = (1u32 << tail) - 1;
         }
     }
 

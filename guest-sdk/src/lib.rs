@@ -28,7 +28,7 @@ pub mod wasm;
 pub use api::{CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, Warning};
 pub use bitset::TokenSet;
 pub use recognizer::{MAX_FORCED_BYTES, Recognizer, RecognizerConstraint, RecognizerMatcher};
-pub use table::{TokenTable, Tokenize};
+pub use table::{TokenTable, Tokenize, TokenizeFn};
 pub use trie::TokenTrie;
 
 /// Exports a [`Plugin`] type (which must implement `Default`) as the component's

@@ -8,6 +8,9 @@ use crate::api::{ConstraintError, ErrorCode};
 use crate::bitset::TokenSet;
 use crate::trie::TokenTrie;
 
+/// A tokenisation function supplied by native tests.
+pub type TokenizeFn = Arc<dyn Fn(&[u8]) -> Vec<u32> + Send + Sync>;
+
 /// How forced bytes are turned into tokens.
 #[derive(Clone)]
 pub enum Tokenize {
@@ -18,7 +21,7 @@ pub enum Tokenize {
     /// BPE tokenizer would produce. The native default.
     Greedy,
     /// A tokenizer supplied by native tests.
-    Custom(Arc<dyn Fn(&[u8]) -> Vec<u32> + Send + Sync>),
+    Custom(TokenizeFn),
 }
 
 /// The vocabulary: bytes of every token, special tokens, EOS tokens, and the trie over the

@@ -76,14 +76,14 @@ impl Registry {
     pub fn new(dir: impl Into<PathBuf>, runtime: Arc<PluginRuntime>) -> anyhow::Result<Self> {
         let dir = dir.into();
         let state = std::fs::canonicalize(&runtime.config().state_dir).unwrap_or(runtime.config().state_dir.clone());
-        if let Ok(d) = std::fs::canonicalize(&dir) {
-            if state.starts_with(&d) {
-                anyhow::bail!(
-                    "the state directory {} is inside the plugin directory {}; choose one outside it",
-                    state.display(),
-                    d.display()
-                );
-            }
+        if let Ok(d) = std::fs::canonicalize(&dir)
+            && state.starts_with(&d)
+        {
+            anyhow::bail!(
+                "the state directory {} is inside the plugin directory {}; choose one outside it",
+                state.display(),
+                d.display()
+            );
         }
         Ok(Self { dir, runtime, entries: RwLock::new(BTreeMap::new()) })
     }

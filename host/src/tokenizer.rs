@@ -231,10 +231,12 @@ fn byte_level_decoder() -> HashMap<char, u8> {
 
 /// SentencePiece token text to bytes: `▁` is a space, `<0xNN>` a raw byte.
 fn sentencepiece_bytes(text: &str) -> Vec<u8> {
-    if text.len() == 6 && text.starts_with("<0x") && text.ends_with('>') {
-        if let Ok(b) = u8::from_str_radix(&text[3..5], 16) {
-            return vec![b];
-        }
+    if text.len() == 6
+        && text.starts_with("<0x")
+        && text.ends_with('>')
+        && let Ok(b) = u8::from_str_radix(&text[3..5], 16)
+    {
+        return vec![b];
     }
     text.replace('▁', " ").into_bytes()
 }

@@ -51,10 +51,10 @@ fn walk(s: &mut Setup, kind: &str, source: &str, text: &str) -> (bool, usize) {
 fn regex_accepts_matches_and_rejects_the_rest_with_llama3() {
     let mut s = setup("regex", "llama3");
     let re = r"\d{4}-\d{2}-\d{2}";
-    assert_eq!(walk(&mut s, "regex", re, "2024-05-17").0, true);
-    assert_eq!(walk(&mut s, "regex", re, "2024-5-17").0, false);
-    assert_eq!(walk(&mut s, "regex", re, "2024-05-17T").0, false);
-    assert_eq!(walk(&mut s, "regex", re, "2024-05").0, false);
+    assert!(walk(&mut s, "regex", re, "2024-05-17").0);
+    assert!(!walk(&mut s, "regex", re, "2024-5-17").0);
+    assert!(!walk(&mut s, "regex", re, "2024-05-17T").0);
+    assert!(!walk(&mut s, "regex", re, "2024-05").0);
     let email = r"[a-z]+@[a-z]+\.(com|org)";
     assert!(walk(&mut s, "regex", email, "alice@example.org").0);
     assert!(!walk(&mut s, "regex", email, "alice@example.net").0);

@@ -106,7 +106,7 @@ impl Recognizer for RegexRecognizer {
     }
 
     fn state_key(&self, state: &StateID) -> u64 {
-        key::mix(state.as_u64(), 0x7265_6765_78)
+        key::mix(state.as_u64(), 0x0072_6567_6578)
     }
 }
 

@@ -254,10 +254,10 @@ impl PluginRuntime {
     /// reports against the manifest.
     pub fn load(self: &Arc<Self>, dir: &Path) -> anyhow::Result<Arc<LoadedPlugin>> {
         let manifest = Manifest::load(&dir.join("plugin.toml"))?;
-        if let Some(folder) = dir.file_name().and_then(|f| f.to_str()) {
-            if folder != manifest.name {
-                bail!("plugin `{}` is in folder `{folder}`; the folder must be named after the plugin", manifest.name);
-            }
+        if let Some(folder) = dir.file_name().and_then(|f| f.to_str())
+            && folder != manifest.name
+        {
+            bail!("plugin `{}` is in folder `{folder}`; the folder must be named after the plugin", manifest.name);
         }
         let wasm_path = dir.join("plugin.wasm");
         let size = std::fs::metadata(&wasm_path).with_context(|| format!("cannot read {}", wasm_path.display()))?.len();

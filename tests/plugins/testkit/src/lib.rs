@@ -75,10 +75,10 @@ impl Plugin for Testkit {
         let vocab = table.vocab_size();
         // Alternating bits: a mask no smaller form can express.
         let mut words = vec![0x5555_5555u32; vocab.div_ceil(32)];
-        if vocab % 32 != 0 {
-            if let Some(last) = words.last_mut() {
-                *last &= (1u32 << (vocab % 32)) - 1;
-            }
+        if !vocab.is_multiple_of(32)
+            && let Some(last) = words.last_mut()
+        {
+            *last &= (1u32 << (vocab % 32)) - 1;
         }
         Ok(Arc::new(Compiled { kind, vocab, words: Arc::new(words) }))
     }
