@@ -67,6 +67,15 @@ impl fmt::Display for ConstraintError {
 
 impl std::error::Error for ConstraintError {}
 
+/// Checks the options of a plugin that defines none: empty, or an empty JSON object.
+pub fn no_options(options: &str) -> Result<(), ConstraintError> {
+    let compact: String = options.chars().filter(|c| !c.is_whitespace()).collect();
+    if compact.is_empty() || compact == "{}" {
+        return Ok(());
+    }
+    Err(ConstraintError::new(ErrorCode::InvalidOptions, format!("this plugin takes no options; got {options}")))
+}
+
 /// A part of the source that the compiled constraint can only approximate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Warning {
@@ -169,4 +178,17 @@ pub trait Matcher: Send + 'static {
     fn is_stopped(&self) -> bool;
     /// The state key; equal keys must promise equal futures (see the contract).
     fn state_key(&self) -> u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_options_accepts_only_nothing() {
+        assert!(no_options("").is_ok() && no_options(" { } ").is_ok());
+        let e = no_options(r#"{"x": 1}"#).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidOptions);
+        assert_eq!(e.message, r#"this plugin takes no options; got {"x": 1}"#);
+    }
 }

@@ -25,7 +25,9 @@ mod trie;
 #[doc(hidden)]
 pub mod wasm;
 
-pub use api::{CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, Warning};
+pub use api::{
+    CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, Warning, no_options,
+};
 pub use bitset::TokenSet;
 pub use recognizer::{MAX_FORCED_BYTES, Recognizer, RecognizerConstraint, RecognizerMatcher};
 pub use table::{TokenTable, Tokenize, TokenizeFn};

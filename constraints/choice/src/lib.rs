@@ -4,7 +4,7 @@
 //! byte trie whose node index is the recogniser state and the state key, so every request for
 //! the same list shares one small path tree, and the unique rest of a choice is forced.
 //!
-//! Options (a JSON object): none are defined yet; an unknown key is an `invalid-options` error.
+//! Options: none are defined yet; anything but `{}` is an `invalid-options` error.
 
 use std::sync::Arc;
 
@@ -128,25 +128,11 @@ impl Plugin for ChoicePlugin {
                 format!("unknown kind `{kind}`; this plugin serves `choice`"),
             ));
         }
-        check_no_options(options)?;
+        dspark_guest::no_options(options)?;
         let choices: Vec<String> = serde_json::from_str(source).map_err(|e| {
             ConstraintError::new(ErrorCode::InvalidSource, format!("the source must be a JSON array of strings: {e}"))
         })?;
         Ok(RecognizerConstraint::new(ChoiceRecognizer::new(&choices)?, table, Vec::new()))
-    }
-}
-
-fn check_no_options(options: &str) -> Result<(), ConstraintError> {
-    if options.trim().is_empty() {
-        return Ok(());
-    }
-    match serde_json::from_str::<serde_json::Value>(options) {
-        Ok(serde_json::Value::Object(m)) if m.is_empty() => Ok(()),
-        Ok(serde_json::Value::Object(m)) => Err(ConstraintError::new(
-            ErrorCode::InvalidOptions,
-            format!("unknown option `{}`: this plugin takes no options", m.keys().next().map_or("", |k| k)),
-        )),
-        _ => Err(ConstraintError::new(ErrorCode::InvalidOptions, "options must be a JSON object")),
     }
 }
 

@@ -7,7 +7,7 @@
 //! masks. Size limits make patterns whose DFA would explode (`(a|b)*a(a|b){20}`) a clear
 //! `too-large` error instead of a hang.
 //!
-//! Options (a JSON object): none are defined yet; an unknown key is an `invalid-options` error.
+//! Options: none are defined yet; anything but `{}` is an `invalid-options` error.
 
 use std::sync::Arc;
 
@@ -110,22 +110,6 @@ impl Recognizer for RegexRecognizer {
     }
 }
 
-/// Checks that `options` is empty or a JSON object with no keys this plugin does not know.
-pub fn check_no_options(options: &str) -> Result<(), ConstraintError> {
-    if options.trim().is_empty() {
-        return Ok(());
-    }
-    let bad = |m: String| ConstraintError::new(ErrorCode::InvalidOptions, m);
-    match serde_json::from_str::<serde_json::Value>(options) {
-        Ok(serde_json::Value::Object(map)) => match map.keys().next() {
-            None => Ok(()),
-            Some(k) => Err(bad(format!("unknown option `{k}`: this plugin takes no options"))),
-        },
-        Ok(_) => Err(bad("options must be a JSON object".into())),
-        Err(e) => Err(bad(format!("options are not valid JSON: {e}"))),
-    }
-}
-
 /// The plugin: serves kind `regex`.
 #[derive(Default)]
 pub struct RegexPlugin;
@@ -148,7 +132,7 @@ impl Plugin for RegexPlugin {
                 format!("unknown kind `{kind}`; this plugin serves `regex`"),
             ));
         }
-        check_no_options(options)?;
+        dspark_guest::no_options(options)?;
         Ok(RecognizerConstraint::new(RegexRecognizer::new(source)?, table, Vec::new()))
     }
 }

@@ -47,7 +47,10 @@ pub struct Limits {
 }
 
 /// WASI capabilities. Everything not listed here (filesystem, network, environment,
-/// arguments, stdin) is never granted.
+/// arguments, stdin) is never granted. Randomness is not a capability: `wasi:random` is
+/// available (it reaches nothing outside the sandbox), but a plugin that uses it must still
+/// keep the state-key promise. Stdout and stderr go to a 4 KiB buffer the host reads only to
+/// explain a trap (a panic message).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Capabilities {

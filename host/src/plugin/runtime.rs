@@ -63,7 +63,7 @@ impl RuntimeConfig {
         Self {
             state_dir: state_dir.into(),
             tick: Duration::from_millis(1),
-            mask_deadline: Duration::from_millis(20),
+            mask_deadline: Duration::from_millis(10),
             compile_deadline: Duration::from_secs(10),
             max_deadline: Duration::from_secs(60),
             memory_bytes: 256 << 20,
