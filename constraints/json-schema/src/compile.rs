@@ -1,0 +1,845 @@
+//! JSON Schema to [`Graph`]: normalisation (inline `$ref`, merge `allOf`, push sibling keywords
+//! into `anyOf`/`oneOf` branches) and node building.
+//!
+//! Decisions, where JSON Schema leaves room:
+//! - `$ref` resolves within the document: `#` JSON pointers, `#name` anchors (`$anchor`, and
+//!   draft-6/7 `$id: "#name"`), and `$defs`/`definitions` by pointer. A remote reference is an
+//!   error: the sandbox has no network. Recursive references become graph cycles.
+//! - `allOf` branches are merged into one schema (properties merged per key, `required`
+//!   united, bounds tightened, `type` intersected); what cannot be merged is an error naming
+//!   the keyword.
+//! - `oneOf` is enforced as `anyOf` (a warning says so) unless its branches have disjoint
+//!   types.
+//! - Keywords that cannot be enforced by a left-to-right automaton yet (`not`,
+//!   `if`/`then`/`else`, `patternProperties`, `propertyNames`, `dependent*`, `contains`,
+//!   `unevaluated*`, dynamic refs) are errors naming pointer and keyword: never silently
+//!   ignored. `uniqueItems` is a warning (not enforced). Unknown keywords are ignored, as
+//!   JSON Schema says, with a warning.
+//! - Regex `pattern`s use the Rust syntax with ECMA-262's ASCII meaning of `\d` and `\w`.
+
+use std::collections::HashMap;
+
+use dspark_guest::{ConstraintError, ErrorCode, Warning};
+use regex_automata::MatchKind;
+use regex_automata::dfa::{StartKind, dense};
+use serde_json::{Map, Value};
+
+use crate::formats;
+use crate::graph::{
+    ANY, ArrayNode, Graph, KeyTrie, LiteralTrie, NEVER, Node, NodeId, NumberNode, ObjectNode, Prop, PropertyOrder,
+    StringNode,
+};
+
+/// Size limits that keep a hostile schema from exhausting the sandbox.
+pub const MAX_NODES: usize = 200_000;
+/// Deepest nesting of schemas followed while compiling.
+pub const MAX_DEPTH: usize = 200;
+/// Largest DFA per pattern.
+pub const MAX_DFA_BYTES: usize = 8 << 20;
+
+/// Keywords that carry no validation (annotations and containers of other schemas).
+const ANNOTATIONS: &[&str] = &[
+    "$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "deprecated", "readOnly",
+    "writeOnly", "$defs", "definitions", "contentEncoding", "contentMediaType", "contentSchema", "$anchor",
+    "$dynamicAnchor", "$recursiveAnchor", "$vocabulary", "discriminator", "example", "markdownDescription",
+];
+
+/// Keywords handled by this compiler.
+const HANDLED: &[&str] = &[
+    "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "allOf", "anyOf", "oneOf", "$ref", "minProperties",
+    "maxProperties", "uniqueItems",
+];
+
+/// Keywords refused with an error.
+const UNSUPPORTED: &[&str] = &[
+    "not", "if", "then", "else", "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
+    "dependencies", "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems",
+    "$dynamicRef", "$recursiveRef",
+];
+
+fn err(code: ErrorCode, pointer: &str, message: impl Into<String>) -> ConstraintError {
+    ConstraintError::new(code, message).at(if pointer.is_empty() { "#".to_string() } else { format!("#{pointer}") })
+}
+
+fn escape_pointer(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// The compiler's state over one document.
+pub struct Compiler<'a> {
+    root: &'a Value,
+    nodes: Vec<Node>,
+    literals: Vec<LiteralTrie>,
+    dfas: Vec<dense::DFA<Vec<u32>>>,
+    dfa_cache: HashMap<(String, bool), u32>,
+    refs: HashMap<String, NodeId>,
+    anchors: HashMap<String, String>,
+    /// Warnings, with the pointer they apply to.
+    pub warnings: Vec<Warning>,
+    depth: usize,
+}
+
+impl<'a> Compiler<'a> {
+    /// A compiler over `root`.
+    pub fn new(root: &'a Value) -> Self {
+        let mut c = Self {
+            root,
+            nodes: vec![Node::Never, Node::Pending],
+            literals: Vec::new(),
+            dfas: Vec::new(),
+            dfa_cache: HashMap::new(),
+            refs: HashMap::new(),
+            anchors: HashMap::new(),
+            warnings: Vec::new(),
+            depth: 0,
+        };
+        c.collect_anchors(root, String::new(), 0);
+        c.build_any();
+        c
+    }
+
+    /// Compiles the document into a graph.
+    pub fn compile(mut self, order: PropertyOrder) -> Result<(Graph, Vec<Warning>), ConstraintError> {
+        let root = self.schema(self.root, "")?;
+        Ok((Graph { nodes: self.nodes, literals: self.literals, dfas: self.dfas, root, order }, self.warnings))
+    }
+
+    /// A graph that admits any JSON value (`root = ANY`) or any object.
+    pub fn any(object_only: bool, order: PropertyOrder) -> Graph {
+        let v = Value::Bool(true);
+        let c = Compiler::new(&v);
+        let root = if object_only {
+            match &c.nodes[ANY as usize] {
+                Node::Union(alts) => alts[0],
+                _ => ANY,
+            }
+        } else {
+            ANY
+        };
+        Graph { nodes: c.nodes, literals: c.literals, dfas: c.dfas, root, order }
+    }
+
+    fn build_any(&mut self) {
+        let object = self.push(Node::Object(ObjectNode {
+            props: Vec::new(),
+            additional: ANY,
+            keys: KeyTrie::build(&[]),
+            min_props: 0,
+            max_props: u32::MAX,
+        }));
+        let array =
+            self.push(Node::Array(ArrayNode { prefix: Vec::new(), items: ANY, min_items: 0, max_items: u32::MAX }));
+        let string = self.push(Node::String(StringNode { min_len: 0, max_len: u32::MAX, patterns: Vec::new() }));
+        let number = self.push(Node::Number(NumberNode { integer: false, min: None, max: None, multiple_of: None }));
+        let lits = self.literal_node(&[b"true".to_vec(), b"false".to_vec(), b"null".to_vec()]);
+        self.nodes[ANY as usize] = Node::Union(vec![object, array, string, number, lits]);
+    }
+
+    fn push(&mut self, node: Node) -> NodeId {
+        self.nodes.push(node);
+        (self.nodes.len() - 1) as NodeId
+    }
+
+    fn literal_node(&mut self, values: &[Vec<u8>]) -> NodeId {
+        self.literals.push(LiteralTrie::build(values.iter().map(Vec::as_slice)));
+        let set = (self.literals.len() - 1) as u32;
+        self.push(Node::Literals(set))
+    }
+
+    fn collect_anchors(&mut self, v: &Value, ptr: String, depth: usize) {
+        if depth > MAX_DEPTH {
+            return;
+        }
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(a)) = m.get("$anchor") {
+                    self.anchors.insert(a.clone(), ptr.clone());
+                }
+                for key in ["$id", "id"] {
+                    if let Some(Value::String(id)) = m.get(key)
+                        && let Some(a) = id.strip_prefix('#')
+                        && !a.is_empty()
+                        && !a.starts_with('/')
+                    {
+                        self.anchors.insert(a.to_string(), ptr.clone());
+                    }
+                }
+                for (k, child) in m {
+                    if k == "enum" || k == "const" || k == "examples" || k == "default" {
+                        continue;
+                    }
+                    self.collect_anchors(child, format!("{ptr}/{}", escape_pointer(k)), depth + 1);
+                }
+            }
+            Value::Array(a) => {
+                for (i, child) in a.iter().enumerate() {
+                    self.collect_anchors(child, format!("{ptr}/{i}"), depth + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Resolves a `$ref` to (target, pointer).
+    fn resolve(&self, reference: &str, at: &str) -> Result<(&'a Value, String), ConstraintError> {
+        let fragment = if let Some(f) = reference.strip_prefix('#') {
+            f.to_string()
+        } else {
+            // Refs relative to the root's own `$id` resolve locally.
+            let base = self.root.get("$id").and_then(Value::as_str).unwrap_or("");
+            match reference.split_once('#') {
+                Some((doc, f)) if !doc.is_empty() && (base.ends_with(doc) || base == doc) => f.to_string(),
+                _ => {
+                    return Err(err(
+                        ErrorCode::Unsupported,
+                        at,
+                        format!("`$ref` to `{reference}` is remote; only references within the schema are supported (the sandbox has no network)"),
+                    ));
+                }
+            }
+        };
+        let pointer = if fragment.is_empty() || fragment.starts_with('/') {
+            fragment
+        } else {
+            self.anchors
+                .get(&fragment)
+                .cloned()
+                .ok_or_else(|| err(ErrorCode::InvalidSource, at, format!("`$ref` to unknown anchor `#{fragment}`")))?
+        };
+        let decoded = percent_decode(&pointer);
+        self.root
+            .pointer(&decoded)
+            .map(|v| (v, decoded.clone()))
+            .ok_or_else(|| err(ErrorCode::InvalidSource, at, format!("`$ref` target `#{pointer}` does not exist")))
+    }
+
+    /// Compiles the schema at `ptr`.
+    fn schema(&mut self, v: &'a Value, ptr: &str) -> Result<NodeId, ConstraintError> {
+        if self.nodes.len() > MAX_NODES {
+            return Err(err(ErrorCode::TooLarge, ptr, format!("the schema compiles to more than {MAX_NODES} nodes")));
+        }
+        if self.depth > MAX_DEPTH {
+            return Err(err(ErrorCode::TooLarge, ptr, format!("the schema nests deeper than {MAX_DEPTH} levels")));
+        }
+        self.depth += 1;
+        let r = self.schema_inner(v, ptr);
+        self.depth -= 1;
+        r
+    }
+
+    fn schema_inner(&mut self, v: &'a Value, ptr: &str) -> Result<NodeId, ConstraintError> {
+        let map = match v {
+            Value::Bool(true) => return Ok(ANY),
+            Value::Bool(false) => return Ok(NEVER),
+            Value::Object(m) => m,
+            _ => return Err(err(ErrorCode::InvalidSource, ptr, "a schema must be an object or a boolean")),
+        };
+        self.check_keywords(map, ptr)?;
+        // A `$ref` alone is a graph edge (cycles allowed); with siblings it is merged.
+        if let Some(r) = map.get("$ref") {
+            let r = r.as_str().ok_or_else(|| err(ErrorCode::InvalidSource, ptr, "`$ref` must be a string"))?;
+            let has_siblings = map.keys().any(|k| HANDLED.contains(&k.as_str()) && k != "$ref");
+            if !has_siblings {
+                return self.reference(r, ptr);
+            }
+        }
+        let merged = self.flatten(map, ptr, 0)?;
+        self.build(&merged, ptr)
+    }
+
+    /// The node of a `$ref` target, compiled once; a cycle reuses the node under construction.
+    fn reference(&mut self, r: &str, ptr: &str) -> Result<NodeId, ConstraintError> {
+        let (target, tptr) = self.resolve(r, ptr)?;
+        if let Some(&id) = self.refs.get(&tptr) {
+            return Ok(id);
+        }
+        let id = self.push(Node::Pending);
+        self.refs.insert(tptr.clone(), id);
+        let built = self.schema(target, &tptr)?;
+        if built == id {
+            return Err(err(ErrorCode::InvalidSource, ptr, format!("`$ref` `{r}` refers to itself with no base case")));
+        }
+        self.nodes[id as usize] = Node::Union(vec![built]);
+        Ok(id)
+    }
+
+    fn check_keywords(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<(), ConstraintError> {
+        for k in map.keys() {
+            if UNSUPPORTED.contains(&k.as_str()) {
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    &format!("{ptr}/{}", escape_pointer(k)),
+                    format!("the keyword `{k}` is not supported yet"),
+                ));
+            }
+            if !HANDLED.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str()) && !k.starts_with("x-") {
+                self.warnings.push(Warning {
+                    location: format!("#{ptr}/{}", escape_pointer(k)),
+                    message: format!("unknown keyword `{k}` ignored"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Inlines `$ref` siblings and merges `allOf` into one keyword map.
+    fn flatten(&mut self, map: &Map<String, Value>, ptr: &str, depth: usize) -> Result<Map<String, Value>, ConstraintError> {
+        if depth > 32 {
+            return Err(err(ErrorCode::Unsupported, ptr, "`allOf`/`$ref` nest too deeply to merge (a recursive `$ref` inside `allOf`?)"));
+        }
+        let mut base: Map<String, Value> =
+            map.iter().filter(|(k, _)| *k != "allOf" && *k != "$ref").map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut parts: Vec<(Map<String, Value>, String)> = Vec::new();
+        if let Some(Value::String(r)) = map.get("$ref") {
+            let (target, tptr) = self.resolve(r, ptr)?;
+            match target {
+                Value::Object(t) => parts.push((t.clone(), tptr)),
+                Value::Bool(true) => {}
+                Value::Bool(false) => parts.push((never_map(), tptr)),
+                _ => return Err(err(ErrorCode::InvalidSource, &tptr, "a schema must be an object or a boolean")),
+            }
+        }
+        if let Some(all) = map.get("allOf") {
+            let all = all.as_array().ok_or_else(|| err(ErrorCode::InvalidSource, ptr, "`allOf` must be an array"))?;
+            for (i, branch) in all.iter().enumerate() {
+                let bptr = format!("{ptr}/allOf/{i}");
+                match branch {
+                    Value::Object(b) => {
+                        self.check_keywords(b, &bptr)?;
+                        parts.push((b.clone(), bptr));
+                    }
+                    Value::Bool(true) => {}
+                    Value::Bool(false) => parts.push((never_map(), bptr)),
+                    _ => return Err(err(ErrorCode::InvalidSource, &bptr, "a schema must be an object or a boolean")),
+                }
+            }
+        }
+        for (part, pptr) in parts {
+            let flat = self.flatten(&part, &pptr, depth + 1)?;
+            base = merge(base, flat, &pptr)?;
+        }
+        Ok(base)
+    }
+
+    /// Builds the node of a flattened keyword map.
+    fn build(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {
+        if map.contains_key("$never") {
+            return Ok(NEVER);
+        }
+        for (kw, other) in [("anyOf", "oneOf"), ("oneOf", "anyOf")] {
+            if let Some(branches) = map.get(kw) {
+                if map.contains_key(other) {
+                    return Err(err(ErrorCode::Unsupported, ptr, "`anyOf` together with `oneOf` is not supported yet"));
+                }
+                let branches =
+                    branches.as_array().ok_or_else(|| err(ErrorCode::InvalidSource, ptr, format!("`{kw}` must be an array")))?;
+                let base: Map<String, Value> = map.iter().filter(|(k, _)| *k != kw).map(|(k, v)| (k.clone(), v.clone())).collect();
+                let mut alts = Vec::new();
+                for (i, b) in branches.iter().enumerate() {
+                    let bptr = format!("{ptr}/{kw}/{i}");
+                    let branch = match b {
+                        Value::Bool(true) => Map::new(),
+                        Value::Bool(false) => continue,
+                        Value::Object(m) => {
+                            self.check_keywords(m, &bptr)?;
+                            self.flatten(m, &bptr, 0)?
+                        }
+                        _ => return Err(err(ErrorCode::InvalidSource, &bptr, "a schema must be an object or a boolean")),
+                    };
+                    let merged = merge(base.clone(), branch, &bptr)?;
+                    alts.push(self.build(&merged, &bptr)?);
+                }
+                if kw == "oneOf" && !disjoint_types(branches) {
+                    self.warnings.push(Warning {
+                        location: format!("#{ptr}/oneOf"),
+                        message: "`oneOf` is enforced as `anyOf`: an output matching several branches is not rejected".into(),
+                    });
+                }
+                return Ok(if alts.is_empty() { NEVER } else { self.push(Node::Union(alts)) });
+            }
+        }
+        if let Some(Value::Bool(true)) = map.get("uniqueItems") {
+            self.warnings.push(Warning {
+                location: format!("#{ptr}/uniqueItems"),
+                message: "`uniqueItems` is not enforced: an array may repeat items".into(),
+            });
+        }
+        // enum / const: the literal values that also fit `type`.
+        let mut values: Option<Vec<Value>> = None;
+        if let Some(e) = map.get("enum") {
+            values = Some(e.as_array().ok_or_else(|| err(ErrorCode::InvalidSource, ptr, "`enum` must be an array"))?.clone());
+        }
+        if let Some(c) = map.get("const") {
+            values = Some(match values {
+                Some(vs) => vs.into_iter().filter(|v| json_eq(v, c)).collect(),
+                None => vec![c.clone()],
+            });
+        }
+        let types = self.types(map, ptr)?;
+        if let Some(vs) = values {
+            let encoded: Vec<Vec<u8>> = vs
+                .iter()
+                .filter(|v| types.iter().any(|t| type_matches(t, v)))
+                .map(|v| serde_json::to_vec(v).unwrap_or_default())
+                .collect();
+            if encoded.is_empty() {
+                return Ok(NEVER);
+            }
+            return Ok(self.literal_node(&encoded));
+        }
+        let mut alts = Vec::new();
+        for t in &types {
+            alts.push(match t.as_str() {
+                "object" => self.object(map, ptr)?,
+                "array" => self.array(map, ptr)?,
+                "string" => self.string(map, ptr)?,
+                "number" => self.number(map, ptr, false)?,
+                "integer" => self.number(map, ptr, true)?,
+                "boolean" => self.literal_node(&[b"true".to_vec(), b"false".to_vec()]),
+                "null" => self.literal_node(&[b"null".to_vec()]),
+                other => return Err(err(ErrorCode::InvalidSource, &format!("{ptr}/type"), format!("unknown type `{other}`"))),
+            });
+        }
+        Ok(match alts.len() {
+            0 => NEVER,
+            1 => alts[0],
+            _ => self.push(Node::Union(alts)),
+        })
+    }
+
+    /// The types allowed: `type` (with `integer` inside `number` dropped), or all of them.
+    fn types(&self, map: &Map<String, Value>, ptr: &str) -> Result<Vec<String>, ConstraintError> {
+        let all = ["object", "array", "string", "number", "boolean", "null"];
+        let mut types: Vec<String> = match map.get("type") {
+            None => all.iter().map(|s| s.to_string()).collect(),
+            Some(Value::String(t)) => vec![t.clone()],
+            Some(Value::Array(ts)) => ts
+                .iter()
+                .map(|t| t.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| err(ErrorCode::InvalidSource, &format!("{ptr}/type"), "`type` must be a string or an array of strings"))?,
+            Some(_) => return Err(err(ErrorCode::InvalidSource, &format!("{ptr}/type"), "`type` must be a string or an array of strings")),
+        };
+        if types.iter().any(|t| t == "number") {
+            types.retain(|t| t != "integer");
+        }
+        types.dedup();
+        Ok(types)
+    }
+
+    fn object(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {
+        let required: Vec<String> = match map.get("required") {
+            None => Vec::new(),
+            Some(Value::Array(r)) => r.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
+            Some(_) => return Err(err(ErrorCode::InvalidSource, &format!("{ptr}/required"), "`required` must be an array of strings")),
+        };
+        let id = self.push(Node::Pending);
+        let additional = match map.get("additionalProperties") {
+            None => ANY,
+            Some(a) => self.schema_owned(a, &format!("{ptr}/additionalProperties"))?,
+        };
+        let mut props = Vec::new();
+        if let Some(p) = map.get("properties") {
+            let p = p.as_object().ok_or_else(|| err(ErrorCode::InvalidSource, &format!("{ptr}/properties"), "`properties` must be an object"))?;
+            for (name, schema) in p {
+                let node = self.schema_owned(schema, &format!("{ptr}/properties/{}", escape_pointer(name)))?;
+                props.push(Prop { key: serde_json::to_vec(name).unwrap_or_default(), node, required: required.contains(name) });
+            }
+        }
+        for name in &required {
+            if !props.iter().any(|p| p.key == serde_json::to_vec(name).unwrap_or_default()) {
+                props.push(Prop { key: serde_json::to_vec(name).unwrap_or_default(), node: additional, required: true });
+            }
+        }
+        // A property whose schema is `false` cannot appear; a required one makes the object
+        // impossible.
+        if props.iter().any(|p| p.required && p.node == NEVER) {
+            self.nodes[id as usize] = Node::Never;
+            return Ok(id);
+        }
+        props.retain(|p| p.node != NEVER);
+        let keys = KeyTrie::build(&props);
+        let min_props = u32_of(map.get("minProperties")).unwrap_or(0);
+        let max_props = u32_of(map.get("maxProperties")).unwrap_or(u32::MAX);
+        self.nodes[id as usize] = Node::Object(ObjectNode { props, additional, keys, min_props, max_props });
+        Ok(id)
+    }
+
+    /// Compiles a sub-schema that lives in a map we own (a merged copy): `$ref`s inside are
+    /// resolved against the document.
+    fn schema_owned(&mut self, v: &Value, ptr: &str) -> Result<NodeId, ConstraintError> {
+        // Sub-schemas of merged maps are clones; compile them through a leaked-free path by
+        // re-looking them up in the document when they are plain references.
+        if let Value::Object(m) = v
+            && let Some(Value::String(r)) = m.get("$ref")
+            && m.keys().all(|k| k == "$ref" || ANNOTATIONS.contains(&k.as_str()))
+        {
+            return self.reference(r, ptr);
+        }
+        match v {
+            Value::Bool(true) => Ok(ANY),
+            Value::Bool(false) => Ok(NEVER),
+            Value::Object(m) => {
+                self.check_keywords(m, ptr)?;
+                if self.depth > MAX_DEPTH {
+                    return Err(err(ErrorCode::TooLarge, ptr, format!("the schema nests deeper than {MAX_DEPTH} levels")));
+                }
+                self.depth += 1;
+                let merged = self.flatten(m, ptr, 0);
+                let r = merged.and_then(|m| self.build(&m, ptr));
+                self.depth -= 1;
+                r
+            }
+            _ => Err(err(ErrorCode::InvalidSource, ptr, "a schema must be an object or a boolean")),
+        }
+    }
+
+    fn array(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {
+        let id = self.push(Node::Pending);
+        let mut prefix = Vec::new();
+        let mut items = ANY;
+        if let Some(Value::Array(p)) = map.get("prefixItems") {
+            for (i, s) in p.iter().enumerate() {
+                prefix.push(self.schema_owned(s, &format!("{ptr}/prefixItems/{i}"))?);
+            }
+        }
+        match map.get("items") {
+            None => {}
+            Some(Value::Array(p)) => {
+                // Draft 4-2019: array-form `items` is the prefix; `additionalItems` the rest.
+                for (i, s) in p.iter().enumerate() {
+                    prefix.push(self.schema_owned(s, &format!("{ptr}/items/{i}"))?);
+                }
+                if let Some(a) = map.get("additionalItems") {
+                    items = self.schema_owned(a, &format!("{ptr}/additionalItems"))?;
+                }
+            }
+            Some(s) => items = self.schema_owned(s, &format!("{ptr}/items"))?,
+        }
+        let min_items = u32_of(map.get("minItems")).unwrap_or(0);
+        let mut max_items = u32_of(map.get("maxItems")).unwrap_or(u32::MAX);
+        if items == NEVER {
+            max_items = max_items.min(prefix.len() as u32);
+        }
+        // An item position that admits nothing caps the array before it.
+        if let Some(k) = prefix.iter().position(|&p| p == NEVER) {
+            max_items = max_items.min(k as u32);
+        }
+        if min_items > max_items {
+            self.nodes[id as usize] = Node::Never;
+            return Ok(id);
+        }
+        self.nodes[id as usize] = Node::Array(ArrayNode { prefix, items, min_items, max_items });
+        Ok(id)
+    }
+
+    fn string(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {
+        let min_len = u32_of(map.get("minLength")).unwrap_or(0);
+        let max_len = u32_of(map.get("maxLength")).unwrap_or(u32::MAX);
+        let mut patterns = Vec::new();
+        let mut sources: Vec<(String, bool, String)> = Vec::new();
+        match map.get("pattern") {
+            Some(Value::String(p)) => sources.push((p.clone(), true, format!("{ptr}/pattern"))),
+            Some(Value::Array(ps)) => {
+                // Merged `allOf` branches may carry several patterns.
+                for p in ps.iter().filter_map(Value::as_str) {
+                    sources.push((p.to_string(), true, format!("{ptr}/pattern")));
+                }
+            }
+            _ => {}
+        }
+        if let Some(Value::String(f)) = map.get("format") {
+            match formats::pattern(f) {
+                Some((p, exact)) => {
+                    if !exact {
+                        self.warnings.push(Warning {
+                            location: format!("#{ptr}/format"),
+                            message: format!("format `{f}` is approximated by a pattern"),
+                        });
+                    }
+                    sources.push((p.to_string(), false, format!("{ptr}/format")));
+                }
+                None => self.warnings.push(Warning {
+                    location: format!("#{ptr}/format"),
+                    message: format!("unknown format `{f}`: any string is allowed"),
+                }),
+            }
+        }
+        if sources.len() > 2 {
+            return Err(err(ErrorCode::Unsupported, ptr, "more than two patterns/formats on one string are not supported yet"));
+        }
+        for (p, search, at) in sources {
+            patterns.push(self.dfa(&p, search, &at)?);
+        }
+        if min_len > max_len {
+            return Ok(NEVER);
+        }
+        Ok(self.push(Node::String(StringNode { min_len, max_len, patterns })))
+    }
+
+    fn dfa(&mut self, pattern: &str, search: bool, at: &str) -> Result<u32, ConstraintError> {
+        if let Some(&i) = self.dfa_cache.get(&(pattern.to_string(), search)) {
+            return Ok(i);
+        }
+        let translated = ecma_to_rust(pattern);
+        regex_automata::util::syntax::parse(&translated)
+            .map_err(|e| err(ErrorCode::Unsupported, at, format!("pattern `{pattern}` is not supported: {e}")))?;
+        let full = if search { format!("(?s:.)*(?:{translated})(?s:.)*\\z") } else { format!("(?:{translated})\\z") };
+        let dfa = dense::Builder::new()
+            .configure(
+                dense::Config::new()
+                    .start_kind(StartKind::Anchored)
+                    .match_kind(MatchKind::All)
+                    .dfa_size_limit(Some(MAX_DFA_BYTES))
+                    .determinize_size_limit(Some(MAX_DFA_BYTES)),
+            )
+            .build(&full)
+            .map_err(|e| err(ErrorCode::TooLarge, at, format!("pattern `{pattern}` is too complex to compile: {e}")))?;
+        self.dfas.push(dfa);
+        let i = (self.dfas.len() - 1) as u32;
+        self.dfa_cache.insert((pattern.to_string(), search), i);
+        Ok(i)
+    }
+
+    fn number(&mut self, map: &Map<String, Value>, ptr: &str, integer: bool) -> Result<NodeId, ConstraintError> {
+        let f = |k: &str| map.get(k).and_then(Value::as_f64);
+        let mut min = f("minimum").map(|m| (m, false));
+        let mut max = f("maximum").map(|m| (m, false));
+        match map.get("exclusiveMinimum") {
+            Some(Value::Bool(true)) => min = min.map(|(m, _)| (m, true)),
+            Some(v) if v.is_number() => {
+                let e = v.as_f64().unwrap_or(f64::MIN);
+                if min.is_none_or(|(m, _)| e >= m) {
+                    min = Some((e, true));
+                }
+            }
+            _ => {}
+        }
+        match map.get("exclusiveMaximum") {
+            Some(Value::Bool(true)) => max = max.map(|(m, _)| (m, true)),
+            Some(v) if v.is_number() => {
+                let e = v.as_f64().unwrap_or(f64::MAX);
+                if max.is_none_or(|(m, _)| e <= m) {
+                    max = Some((e, true));
+                }
+            }
+            _ => {}
+        }
+        let multiple_of = f("multipleOf").filter(|m| *m > 0.0);
+        if multiple_of.is_some() && !integer {
+            self.warnings.push(Warning {
+                location: format!("#{ptr}/multipleOf"),
+                message: "`multipleOf` on a non-integer is checked with a floating-point tolerance".into(),
+            });
+        }
+        Ok(self.push(Node::Number(NumberNode { integer, min, max, multiple_of })))
+    }
+}
+
+fn never_map() -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("$never".into(), Value::Bool(true));
+    m
+}
+
+fn u32_of(v: Option<&Value>) -> Option<u32> {
+    v.and_then(Value::as_f64).map(|f| if f <= 0.0 { 0 } else if f >= u32::MAX as f64 { u32::MAX } else { f.ceil() as u32 })
+}
+
+/// JSON equality with numbers compared by value (1 == 1.0).
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_eq(a, b)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+fn type_matches(t: &str, v: &Value) -> bool {
+    match t {
+        "object" => v.is_object(),
+        "array" => v.is_array(),
+        "string" => v.is_string(),
+        "number" => v.is_number(),
+        "integer" => v.as_f64().is_some_and(|f| f.fract() == 0.0),
+        "boolean" => v.is_boolean(),
+        "null" => v.is_null(),
+        _ => false,
+    }
+}
+
+/// Whether every branch names its `type`s and no type is in two branches.
+fn disjoint_types(branches: &[Value]) -> bool {
+    let mut seen: Vec<String> = Vec::new();
+    for b in branches {
+        let ts: Vec<String> = match b.get("type") {
+            Some(Value::String(t)) => vec![t.clone()],
+            Some(Value::Array(a)) => a.iter().filter_map(|t| t.as_str().map(str::to_string)).collect(),
+            _ => return false,
+        };
+        for t in ts {
+            let t = if t == "integer" { "number".to_string() } else { t };
+            if seen.contains(&t) {
+                return false;
+            }
+            seen.push(t);
+        }
+    }
+    true
+}
+
+/// Merges two keyword maps as `allOf` would.
+fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<Map<String, Value>, ConstraintError> {
+    // Properties declared on one side only must also satisfy the other side's
+    // `additionalProperties`.
+    let a_props: Vec<String> = a.get("properties").and_then(Value::as_object).map(|m| m.keys().cloned().collect()).unwrap_or_default();
+    let b_props: Vec<String> = b.get("properties").and_then(Value::as_object).map(|m| m.keys().cloned().collect()).unwrap_or_default();
+    let a_addl = a.get("additionalProperties").cloned();
+    let b_addl = b.get("additionalProperties").cloned();
+    for (k, vb) in b {
+        let Some(va) = a.get(&k).cloned() else {
+            a.insert(k, vb);
+            continue;
+        };
+        if json_eq(&va, &vb) && k != "properties" {
+            continue;
+        }
+        let merged = match k.as_str() {
+            "properties" => {
+                let mut out = va.as_object().cloned().unwrap_or_default();
+                for (name, sb) in vb.as_object().cloned().unwrap_or_default() {
+                    let combined = match out.get(&name) {
+                        Some(sa) if json_eq(sa, &sb) => sa.clone(),
+                        Some(sa) => serde_json::json!({ "allOf": [sa, sb] }),
+                        None => sb,
+                    };
+                    out.insert(name, combined);
+                }
+                Value::Object(out)
+            }
+            "required" => {
+                let mut r = va.as_array().cloned().unwrap_or_default();
+                for x in vb.as_array().cloned().unwrap_or_default() {
+                    if !r.contains(&x) {
+                        r.push(x);
+                    }
+                }
+                Value::Array(r)
+            }
+            "type" => {
+                let set = |v: &Value| -> Vec<String> {
+                    match v {
+                        Value::String(s) => vec![s.clone()],
+                        Value::Array(a) => a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),
+                        _ => Vec::new(),
+                    }
+                };
+                let (sa, sb) = (set(&va), set(&vb));
+                let mut out: Vec<Value> = Vec::new();
+                for t in &sa {
+                    let keep = sb.contains(t) || (t == "integer" && sb.iter().any(|x| x == "number"));
+                    if keep {
+                        out.push(Value::String(t.clone()));
+                    } else if t == "number" && sb.iter().any(|x| x == "integer") {
+                        out.push(Value::String("integer".into()));
+                    }
+                }
+                if out.is_empty() {
+                    return Ok(never_map());
+                }
+                Value::Array(out)
+            }
+            "minimum" | "minLength" | "minItems" | "minProperties" | "exclusiveMinimum" if va.is_number() && vb.is_number() => {
+                if va.as_f64() >= vb.as_f64() { va } else { vb }
+            }
+            "maximum" | "maxLength" | "maxItems" | "maxProperties" | "exclusiveMaximum" if va.is_number() && vb.is_number() => {
+                if va.as_f64() <= vb.as_f64() { va } else { vb }
+            }
+            "additionalProperties" | "items" | "additionalItems" => serde_json::json!({ "allOf": [va, vb] }),
+            "enum" => {
+                let bs = vb.as_array().cloned().unwrap_or_default();
+                Value::Array(va.as_array().cloned().unwrap_or_default().into_iter().filter(|x| bs.iter().any(|y| json_eq(x, y))).collect())
+            }
+            "const" => return Ok(never_map()),
+            "pattern" => {
+                let mut ps = match va {
+                    Value::Array(a) => a,
+                    other => vec![other],
+                };
+                ps.push(vb);
+                Value::Array(ps)
+            }
+            "format" | "uniqueItems" | "multipleOf" => va,
+            "anyOf" | "oneOf" => {
+                return Err(err(ErrorCode::Unsupported, ptr, format!("two `{k}` lists inside one `allOf` cannot be merged yet")));
+            }
+            other if ANNOTATIONS.contains(&other) => va,
+            other => {
+                return Err(err(ErrorCode::Unsupported, ptr, format!("`allOf` branches disagree on `{other}` and cannot be merged")));
+            }
+        };
+        a.insert(k, merged);
+    }
+    // additionalProperties across branches.
+    if let Some(Value::Object(props)) = a.get_mut("properties") {
+        for (name, schema) in props.iter_mut() {
+            let only_b = b_props.contains(name) && !a_props.contains(name);
+            let only_a = a_props.contains(name) && !b_props.contains(name);
+            let other = if only_b { &a_addl } else if only_a { &b_addl } else { &None };
+            if let Some(addl) = other
+                && !(a_props.is_empty() && only_b && a_addl.is_none())
+            {
+                *schema = serde_json::json!({ "allOf": [schema.clone(), addl] });
+            }
+        }
+    }
+    Ok(a)
+}
+
+/// ECMA-262 character classes that differ from Rust's: `\d` and `\w` are ASCII in ECMA.
+fn ecma_to_rust(p: &str) -> String {
+    let mut out = String::with_capacity(p.len() + 8);
+    let mut chars = p.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some('d') => out.push_str("[0-9]"),
+                Some('D') => out.push_str("[^0-9]"),
+                Some('w') => out.push_str("[0-9A-Za-z_]"),
+                Some('W') => out.push_str("[^0-9A-Za-z_]"),
+                Some(other) => {
+                    out.push('\\');
+                    out.push(other);
+                }
+                None => out.push('\\'),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len() + 0
+            && let Ok(b) = u8::from_str_radix(&s[i + 1..(i + 3).min(s.len())], 16)
+        {
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|_| s.to_string())
+}

@@ -1,0 +1,215 @@
+//! The compiled form of a schema: a graph of value shapes ([`Node`]) that the recogniser walks.
+//! Nodes refer to each other by index, so recursive schemas (`$ref` cycles) are plain cycles.
+
+use regex_automata::dfa::dense;
+
+/// Index of a node in [`Graph::nodes`].
+pub type NodeId = u32;
+
+/// Nodes every graph has, at fixed indices.
+pub const NEVER: NodeId = 0;
+/// Any JSON value.
+pub const ANY: NodeId = 1;
+
+/// A property of an object node.
+#[derive(Debug, Clone)]
+pub struct Prop {
+    /// The key, JSON-encoded with its quotes (`"name"`): the bytes the output carries.
+    pub key: Vec<u8>,
+    /// The value's node.
+    pub node: NodeId,
+    /// Whether it must appear.
+    pub required: bool,
+}
+
+/// A byte trie over the encoded keys of an object (quotes included).
+#[derive(Debug, Clone, Default)]
+pub struct KeyTrie {
+    /// Per node: children sorted by byte.
+    pub children: Vec<Vec<(u8, u32)>>,
+    /// Per node: the property whose key ends here.
+    pub terminal: Vec<Option<u16>>,
+    /// Per node: the sorted property indices whose keys pass through it.
+    pub below: Vec<Vec<u16>>,
+}
+
+impl KeyTrie {
+    /// The trie of `props`' keys.
+    pub fn build(props: &[Prop]) -> Self {
+        let mut t = KeyTrie { children: vec![Vec::new()], terminal: vec![None], below: vec![Vec::new()] };
+        for (i, p) in props.iter().enumerate() {
+            let mut n = 0usize;
+            t.below[0].push(i as u16);
+            for &b in &p.key {
+                n = match t.children[n].binary_search_by_key(&b, |&(c, _)| c) {
+                    Ok(k) => t.children[n][k].1 as usize,
+                    Err(k) => {
+                        let id = t.children.len() as u32;
+                        t.children[n].insert(k, (b, id));
+                        t.children.push(Vec::new());
+                        t.terminal.push(None);
+                        t.below.push(Vec::new());
+                        id as usize
+                    }
+                };
+                t.below[n].push(i as u16);
+            }
+            t.terminal[n] = Some(i as u16);
+        }
+        t
+    }
+
+    /// The child of `node` by `byte`.
+    #[inline]
+    pub fn child(&self, node: u32, byte: u8) -> Option<u32> {
+        let c = &self.children[node as usize];
+        c.binary_search_by_key(&byte, |&(b, _)| b).ok().map(|k| c[k].1)
+    }
+}
+
+/// An object shape.
+#[derive(Debug, Clone)]
+pub struct ObjectNode {
+    /// Declared properties, in schema order.
+    pub props: Vec<Prop>,
+    /// The node of other properties ([`NEVER`] when closed).
+    pub additional: NodeId,
+    /// Trie over the declared keys.
+    pub keys: KeyTrie,
+    /// `minProperties`.
+    pub min_props: u32,
+    /// `maxProperties`.
+    pub max_props: u32,
+}
+
+/// An array shape.
+#[derive(Debug, Clone)]
+pub struct ArrayNode {
+    /// Items by position (`prefixItems`, or draft-4..7 array-form `items`).
+    pub prefix: Vec<NodeId>,
+    /// Items after the prefix ([`NEVER`] when none are allowed).
+    pub items: NodeId,
+    /// `minItems`.
+    pub min_items: u32,
+    /// `maxItems`.
+    pub max_items: u32,
+}
+
+/// A string shape.
+#[derive(Debug, Clone)]
+pub struct StringNode {
+    /// `minLength`, in characters.
+    pub min_len: u32,
+    /// `maxLength`, in characters.
+    pub max_len: u32,
+    /// Patterns the string must match (`pattern`, `format`), as indices into [`Graph::dfas`].
+    pub patterns: Vec<u32>,
+}
+
+/// A number shape.
+#[derive(Debug, Clone)]
+pub struct NumberNode {
+    /// Only integers (no fraction, no exponent).
+    pub integer: bool,
+    /// Lower bound and whether it is exclusive.
+    pub min: Option<(f64, bool)>,
+    /// Upper bound and whether it is exclusive.
+    pub max: Option<(f64, bool)>,
+    /// `multipleOf`, checked when the number ends.
+    pub multiple_of: Option<f64>,
+}
+
+/// A value shape.
+#[derive(Debug, Clone)]
+pub enum Node {
+    /// Nothing is valid.
+    Never,
+    /// One of these nodes.
+    Union(Vec<NodeId>),
+    /// An object.
+    Object(ObjectNode),
+    /// An array.
+    Array(ArrayNode),
+    /// A string.
+    String(StringNode),
+    /// A number or integer.
+    Number(NumberNode),
+    /// Exactly one of these compact serialisations (enum, const, true/false/null), as an index
+    /// into [`Graph::literals`].
+    Literals(u32),
+    /// Not built yet (a `$ref` target under construction).
+    Pending,
+}
+
+/// A set of byte strings as a trie: node 0 is the root.
+#[derive(Debug, Clone, Default)]
+pub struct LiteralTrie {
+    /// Per node: children sorted by byte.
+    pub children: Vec<Vec<(u8, u32)>>,
+    /// Per node: whether a literal ends here.
+    pub terminal: Vec<bool>,
+}
+
+impl LiteralTrie {
+    /// The trie of `values`.
+    pub fn build<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let mut t = LiteralTrie { children: vec![Vec::new()], terminal: vec![false] };
+        for v in values {
+            let mut n = 0usize;
+            for &b in v {
+                n = match t.children[n].binary_search_by_key(&b, |&(c, _)| c) {
+                    Ok(k) => t.children[n][k].1 as usize,
+                    Err(k) => {
+                        let id = t.children.len() as u32;
+                        t.children[n].insert(k, (b, id));
+                        t.children.push(Vec::new());
+                        t.terminal.push(false);
+                        id as usize
+                    }
+                };
+            }
+            t.terminal[n] = true;
+        }
+        t
+    }
+
+    /// The child of `node` by `byte`.
+    #[inline]
+    pub fn child(&self, node: u32, byte: u8) -> Option<u32> {
+        let c = &self.children[node as usize];
+        c.binary_search_by_key(&byte, |&(b, _)| b).ok().map(|k| c[k].1)
+    }
+}
+
+/// How properties may be ordered in the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PropertyOrder {
+    /// Declared properties in schema order, then additional ones (the default: it lets the
+    /// plugin force key names).
+    Schema,
+    /// Any order.
+    Any,
+}
+
+/// A compiled schema.
+#[derive(Debug)]
+pub struct Graph {
+    /// All nodes; [`NEVER`] and [`ANY`] first.
+    pub nodes: Vec<Node>,
+    /// Literal sets.
+    pub literals: Vec<LiteralTrie>,
+    /// Pattern automata (unanchored search DFAs over the string's decoded bytes).
+    pub dfas: Vec<dense::DFA<Vec<u32>>>,
+    /// The root.
+    pub root: NodeId,
+    /// Property order.
+    pub order: PropertyOrder,
+}
+
+impl Graph {
+    /// The node `id`.
+    #[inline]
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id as usize]
+    }
+}

@@ -1,0 +1,105 @@
+//! The built-in `json-schema` plugin: the output is a JSON document valid under a schema.
+//!
+//! Kinds:
+//! - `json-schema`: the source is a JSON Schema (drafts 4, 6, 7, 2019-09, 2020-12);
+//! - `json-object`: any JSON object (OpenAI's `json_object` mode); the source is ignored;
+//! - `json-value`: any JSON value; the source is ignored.
+//!
+//! Data flow: [`compile`] normalises the schema (inlines `$ref`, merges `allOf`, pushes sibling
+//! keywords into `anyOf`/`oneOf` branches) into a [`graph::Graph`] of value shapes;
+//! [`recognizer::SchemaRecognizer`] walks that graph byte by byte as a pushdown automaton,
+//! and the SDK turns it into token masks and canonical forced spans (key names, punctuation,
+//! the rest of an enum value once unique, `true`/`false`/`null` tails, closing brackets).
+//!
+//! Serialisation is compact (no whitespace). Options (a JSON object):
+//! - `"property_order"`: `"schema"` (default: declared properties in schema order, which lets
+//!   key names be forced) or `"any"`.
+
+pub mod compile;
+pub mod formats;
+pub mod graph;
+pub mod recognizer;
+
+use std::sync::Arc;
+
+use dspark_guest::{CompiledConstraint, ConstraintError, ErrorCode, Plugin, RecognizerConstraint, TokenTable};
+use serde_json::Value;
+
+use graph::PropertyOrder;
+use recognizer::SchemaRecognizer;
+
+/// Sources longer than this are refused.
+pub const MAX_SOURCE_BYTES: usize = 16 << 20;
+
+/// Parses the plugin's options.
+pub fn parse_options(options: &str) -> Result<PropertyOrder, ConstraintError> {
+    if options.trim().is_empty() {
+        return Ok(PropertyOrder::Schema);
+    }
+    let bad = |m: String| ConstraintError::new(ErrorCode::InvalidOptions, m);
+    let v: Value = serde_json::from_str(options).map_err(|e| bad(format!("options are not valid JSON: {e}")))?;
+    let map = v.as_object().ok_or_else(|| bad("options must be a JSON object".into()))?;
+    let mut order = PropertyOrder::Schema;
+    for (k, v) in map {
+        match (k.as_str(), v.as_str()) {
+            ("property_order", Some("schema")) => order = PropertyOrder::Schema,
+            ("property_order", Some("any")) => order = PropertyOrder::Any,
+            ("property_order", _) => return Err(bad("`property_order` must be \"schema\" or \"any\"".into())),
+            (other, _) => return Err(bad(format!("unknown option `{other}`; known: property_order"))),
+        }
+    }
+    Ok(order)
+}
+
+/// Compiles a source of `kind` into a recogniser and its warnings.
+pub fn compile_recognizer(
+    kind: &str,
+    source: &str,
+    options: &str,
+) -> Result<(SchemaRecognizer, Vec<dspark_guest::Warning>), ConstraintError> {
+    let order = parse_options(options)?;
+    match kind {
+        "json-object" => Ok((SchemaRecognizer::new(compile::Compiler::any(true, order)), Vec::new())),
+        "json-value" => Ok((SchemaRecognizer::new(compile::Compiler::any(false, order)), Vec::new())),
+        "json-schema" => {
+            if source.len() > MAX_SOURCE_BYTES {
+                return Err(ConstraintError::new(
+                    ErrorCode::TooLarge,
+                    format!("the schema is {} bytes; the limit is {MAX_SOURCE_BYTES}", source.len()),
+                ));
+            }
+            let schema: Value = serde_json::from_str(source).map_err(|e| {
+                ConstraintError::new(ErrorCode::InvalidSource, format!("the schema is not valid JSON: {e}"))
+            })?;
+            let (graph, warnings) = compile::Compiler::new(&schema).compile(order)?;
+            Ok((SchemaRecognizer::new(graph), warnings))
+        }
+        other => Err(ConstraintError::new(
+            ErrorCode::InvalidKind,
+            format!("unknown kind `{other}`; this plugin serves json-schema, json-object, json-value"),
+        )),
+    }
+}
+
+/// The plugin.
+#[derive(Default)]
+pub struct JsonSchemaPlugin;
+
+impl Plugin for JsonSchemaPlugin {
+    fn kinds(&self) -> Vec<String> {
+        vec!["json-schema".into(), "json-object".into(), "json-value".into()]
+    }
+
+    fn compile(
+        &self,
+        kind: &str,
+        source: &str,
+        options: &str,
+        table: &Arc<TokenTable>,
+    ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
+        let (rec, warnings) = compile_recognizer(kind, source, options)?;
+        Ok(RecognizerConstraint::new(rec, table, warnings))
+    }
+}
+
+dspark_guest::export_plugin!(JsonSchemaPlugin);

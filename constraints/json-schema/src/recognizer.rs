@@ -1,0 +1,663 @@
+//! The byte-level recogniser of a compiled schema: a pushdown automaton over JSON bytes.
+//!
+//! A state is a small set of configurations (more than one only inside a union whose branches
+//! start alike, e.g. two object shapes); a configuration is a stack of [`Frame`]s with the
+//! end-of-document frame at the bottom. Frames hold only what decides the future: a string's
+//! length only when a length bound applies, a number's value only when a bound applies, so
+//! that equal futures get equal state keys and the host's path tree stays small.
+
+use regex_automata::dfa::Automaton;
+use regex_automata::util::primitives::StateID;
+
+use dspark_guest::{Recognizer, key};
+
+use crate::graph::{ANY, Graph, Node, NodeId, PropertyOrder};
+
+/// Object parsing phases.
+const OBJ_OPEN: u8 = 0; // after `{`: a key or `}`
+const OBJ_COMMA: u8 = 1; // after `,`: a key
+const OBJ_KEY: u8 = 2; // after a key: `:`
+const OBJ_VALUE: u8 = 3; // after a value: `,` or `}`
+
+/// Array parsing phases.
+const ARR_OPEN: u8 = 0;
+const ARR_COMMA: u8 = 1;
+const ARR_VALUE: u8 = 2;
+
+/// Number phases (JSON grammar).
+const NUM_START: u8 = 0;
+const NUM_MINUS: u8 = 1;
+const NUM_ZERO: u8 = 2;
+const NUM_INT: u8 = 3;
+const NUM_DOT: u8 = 4;
+const NUM_FRAC: u8 = 5;
+const NUM_E: u8 = 6;
+const NUM_ESIGN: u8 = 7;
+const NUM_EXP: u8 = 8;
+
+/// A string's escape/UTF-8 progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Chars {
+    /// 0: plain; 1: after `\`; 2..=5: that many hex digits of `\u` still to read.
+    esc: u8,
+    /// UTF-8 continuation bytes still expected.
+    utf8: u8,
+    /// The `\u` code unit read so far.
+    hex: u16,
+}
+
+/// One level of the parse stack.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Frame {
+    /// The end of the document: nothing may follow.
+    End,
+    /// A value of `node` is expected next.
+    Value(NodeId),
+    /// Inside an object.
+    Obj {
+        node: NodeId,
+        phase: u8,
+        /// Schema order: the index of the next declared property that may appear.
+        next: u16,
+        /// Any order: declared properties already written (first 64).
+        seen: u64,
+        count: u32,
+        /// The node of the value after the current key.
+        pending: NodeId,
+    },
+    /// Inside a declared key (bytes of its JSON encoding, through the object's key trie).
+    Key { obj: NodeId, trie: u32, lo: u16, hi: u16, seen: u64 },
+    /// Inside a key that is not declared (an additional property).
+    FreeKey { obj: NodeId, trie: Option<u32>, chars: Chars },
+    /// Inside an array.
+    Arr { node: NodeId, phase: u8, count: u32 },
+    /// Inside a string.
+    Str { node: NodeId, len: u32, chars: Chars, dfa: [u32; 2] },
+    /// Inside a number; `value` is tracked (as f64 bits) only when the node has bounds.
+    Num { node: NodeId, phase: u8, neg: bool, value: u64, frac: u16, exp: u16, exp_neg: bool },
+    /// Inside one of a literal set's strings.
+    Lit { set: u32, trie: u32 },
+}
+
+/// A configuration: a parse stack, bottom first.
+pub type Config = Vec<Frame>;
+
+/// The recogniser state: the live configurations, deduplicated, in a canonical order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State(Vec<Config>);
+
+/// A compiled schema as a [`Recognizer`].
+pub struct SchemaRecognizer {
+    graph: Graph,
+}
+
+impl SchemaRecognizer {
+    /// Wraps a compiled graph.
+    pub fn new(graph: Graph) -> Self {
+        Self { graph }
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Whether `text` is a complete document (for tests).
+    pub fn matches(&self, text: &[u8]) -> bool {
+        let mut s = self.start();
+        for &b in text {
+            match self.advance(&s, b) {
+                Some(n) => s = n,
+                None => return false,
+            }
+        }
+        self.is_accepting(&s)
+    }
+
+    /// Feeds `b` to one configuration; pushes the resulting configurations onto `out`.
+    fn step(&self, mut stack: Config, b: u8, out: &mut Vec<Config>, depth: u32) {
+        if depth > 64 {
+            return; // a union nested this deep in one byte: refuse rather than loop
+        }
+        let Some(top) = stack.pop() else { return };
+        let g = &self.graph;
+        match top {
+            Frame::End => {}
+            Frame::Value(node) => self.start_value(stack, node, b, out, depth),
+            Frame::Obj { node, phase, next, seen, count, pending } => {
+                let Node::Object(o) = g.node(node) else { return };
+                match (phase, b) {
+                    (OBJ_KEY, b':') => {
+                        stack.push(Frame::Obj { node, phase: OBJ_VALUE, next, seen, count, pending });
+                        stack.push(Frame::Value(pending));
+                        out.push(stack);
+                    }
+                    (OBJ_VALUE, b',') if count < o.max_props => {
+                        stack.push(Frame::Obj { node, phase: OBJ_COMMA, next, seen, count, pending });
+                        out.push(stack);
+                    }
+                    (OBJ_OPEN | OBJ_VALUE, b'}') if self.object_closable(node, next, seen, count) => out.push(stack),
+                    (OBJ_OPEN | OBJ_COMMA, b'"') if count < o.max_props => {
+                        let (lo, hi) = self.key_window(node, next, seen);
+                        let base = Frame::Obj { node, phase: OBJ_KEY, next, seen, count: count + 1, pending };
+                        if lo <= hi
+                            && let Some(t) = o.keys.child(0, b'"')
+                            && self.key_reachable(node, t, lo, hi, seen)
+                        {
+                            let mut s = stack.clone();
+                            s.push(base.clone());
+                            s.push(Frame::Key { obj: node, trie: t, lo, hi, seen });
+                            out.push(s);
+                        }
+                        if o.additional != crate::graph::NEVER && self.additional_allowed(node, next, seen) {
+                            stack.push(base);
+                            stack.push(Frame::FreeKey { obj: node, trie: o.keys.child(0, b'"'), chars: Chars::default() });
+                            out.push(stack);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Frame::Key { obj, trie, lo, hi, seen } => {
+                let Node::Object(o) = g.node(obj) else { return };
+                let Some(t) = o.keys.child(trie, b) else { return };
+                if !self.key_reachable(obj, t, lo, hi, seen) {
+                    return;
+                }
+                match o.keys.terminal[t as usize] {
+                    Some(i) if (lo..=hi).contains(&i) && b == b'"' && o.keys.children[t as usize].is_empty() => {
+                        // The key is complete: record it in the object frame.
+                        let Some(Frame::Obj { node, phase, next, seen, count, .. }) = stack.pop() else { return };
+                        let (next, seen) = match g.order {
+                            PropertyOrder::Schema => (i + 1, seen),
+                            PropertyOrder::Any => (next, if i < 64 { seen | 1 << i } else { seen }),
+                        };
+                        stack.push(Frame::Obj { node, phase, next, seen, count, pending: o.props[i as usize].node });
+                        out.push(stack);
+                    }
+                    _ => {
+                        stack.push(Frame::Key { obj, trie: t, lo, hi, seen });
+                        out.push(stack);
+                    }
+                }
+            }
+            Frame::FreeKey { obj, trie, chars } => {
+                let Node::Object(o) = g.node(obj) else { return };
+                if chars.esc == 0 && chars.utf8 == 0 && b == b'"' {
+                    // A declared name is not an additional property.
+                    if let Some(t) = trie
+                        && o.keys.child(t, b'"').is_some_and(|e| o.keys.terminal[e as usize].is_some())
+                    {
+                        return;
+                    }
+                    let Some(Frame::Obj { node, phase, next, seen, count, .. }) = stack.pop() else { return };
+                    stack.push(Frame::Obj { node, phase, next, seen, count, pending: o.additional });
+                    out.push(stack);
+                    return;
+                }
+                if b == b'\\' && chars.esc == 0 {
+                    return; // additional keys are written without escapes
+                }
+                let Some(chars) = advance_chars(chars, b) else { return };
+                let trie = trie.and_then(|t| o.keys.child(t, b));
+                stack.push(Frame::FreeKey { obj, trie, chars });
+                out.push(stack);
+            }
+            Frame::Arr { node, phase, count } => {
+                let Node::Array(a) = g.node(node) else { return };
+                match (phase, b) {
+                    (ARR_OPEN | ARR_VALUE, b']') if count >= a.min_items => out.push(stack),
+                    (ARR_VALUE, b',') if count < a.max_items && self.item_node(node, count).is_some() => {
+                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count });
+                        out.push(stack);
+                    }
+                    (ARR_OPEN | ARR_COMMA, _) if count < a.max_items => {
+                        let Some(item) = self.item_node(node, count) else { return };
+                        stack.push(Frame::Arr { node, phase: ARR_VALUE, count: count + 1 });
+                        self.start_value(stack, item, b, out, depth + 1);
+                    }
+                    _ => {}
+                }
+            }
+            Frame::Str { node, len, chars, dfa } => {
+                let Node::String(s) = g.node(node) else { return };
+                let free = chars.esc == 0 && chars.utf8 == 0;
+                if free && b == b'"' {
+                    if len >= s.min_len && self.patterns_accept(node, dfa) {
+                        out.push(stack);
+                    }
+                    return;
+                }
+                // A character is counted at its first byte (a plain byte, a UTF-8 lead byte, or
+                // the backslash of an escape).
+                let len = if free { len + 1 } else { len };
+                if len > s.max_len {
+                    return;
+                }
+                let Some(next_chars) = advance_chars(chars, b) else { return };
+                // Feed the decoded bytes to the pattern automata.
+                let mut dfa = dfa;
+                if !s.patterns.is_empty() {
+                    let decoded = decoded_bytes(chars, next_chars, b);
+                    for (k, &p) in s.patterns.iter().enumerate().take(2) {
+                        let d = &g.dfas[p as usize];
+                        let mut st = StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO);
+                        for &db in decoded.as_slice() {
+                            st = d.next_state(st, db);
+                            if d.is_dead_state(st) {
+                                return;
+                            }
+                        }
+                        dfa[k] = st.as_u32();
+                    }
+                }
+                let len = if s.min_len > 0 || s.max_len < u32::MAX { len } else { 0 };
+                stack.push(Frame::Str { node, len, chars: next_chars, dfa });
+                out.push(stack);
+            }
+            Frame::Num { node, phase, neg, value, frac, exp, exp_neg } => {
+                let Node::Number(n) = g.node(node) else { return };
+                match self.number_step(n, phase, neg, value, frac, exp, exp_neg, b) {
+                    NumStep::Continue(NumFrame { phase, neg, value, frac, exp, exp_neg }) => {
+                        stack.push(Frame::Num { node, phase, neg, value, frac, exp, exp_neg });
+                        out.push(stack);
+                    }
+                    NumStep::End => {
+                        if number_ok(n, phase, neg, value, frac, exp, exp_neg) {
+                            self.step(stack, b, out, depth + 1);
+                        }
+                    }
+                    NumStep::Reject => {}
+                }
+            }
+            Frame::Lit { set, trie } => {
+                let lits = &g.literals[set as usize];
+                if let Some(t) = lits.child(trie, b) {
+                    if lits.terminal[t as usize] && lits.children[t as usize].is_empty() {
+                        out.push(stack);
+                    } else {
+                        stack.push(Frame::Lit { set, trie: t });
+                        out.push(stack);
+                    }
+                } else if lits.terminal[trie as usize] {
+                    self.step(stack, b, out, depth + 1);
+                }
+            }
+        }
+    }
+
+    /// Starts a value of `node` with byte `b` on top of `stack`.
+    fn start_value(&self, mut stack: Config, node: NodeId, b: u8, out: &mut Vec<Config>, depth: u32) {
+        if depth > 64 {
+            return; // a cycle of references with no structure between them
+        }
+        let g = &self.graph;
+        match g.node(node) {
+            Node::Never | Node::Pending => {}
+            Node::Union(alts) => {
+                for &alt in alts {
+                    self.start_value(stack.clone(), alt, b, out, depth + 1);
+                }
+            }
+            Node::Object(o) => {
+                if b == b'{' && !(o.props.iter().any(|p| p.required && p.node == crate::graph::NEVER)) {
+                    stack.push(Frame::Obj { node, phase: OBJ_OPEN, next: 0, seen: 0, count: 0, pending: ANY });
+                    out.push(stack);
+                }
+            }
+            Node::Array(_) => {
+                if b == b'[' {
+                    stack.push(Frame::Arr { node, phase: ARR_OPEN, count: 0 });
+                    out.push(stack);
+                }
+            }
+            Node::String(s) => {
+                if b == b'"' {
+                    let mut dfa = [0u32; 2];
+                    for (k, &p) in s.patterns.iter().enumerate().take(2) {
+                        let d = &g.dfas[p as usize];
+                        let start = d
+                            .start_state(
+                                &regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes),
+                            )
+                            .map(|s| s.as_u32())
+                            .unwrap_or(0);
+                        dfa[k] = start;
+                    }
+                    stack.push(Frame::Str { node, len: 0, chars: Chars::default(), dfa });
+                    out.push(stack);
+                }
+            }
+            Node::Number(_) => {
+                stack.push(Frame::Num { node, phase: NUM_START, neg: false, value: 0, frac: 0, exp: 0, exp_neg: false });
+                self.step(stack, b, out, depth + 1);
+            }
+            Node::Literals(set) => {
+                stack.push(Frame::Lit { set: *set, trie: 0 });
+                self.step(stack, b, out, depth + 1);
+            }
+        }
+    }
+
+    /// The declared properties that may come next: `[lo, hi]` (empty when lo > hi).
+    fn key_window(&self, node: NodeId, next: u16, seen: u64) -> (u16, u16) {
+        let Node::Object(o) = self.graph.node(node) else { return (1, 0) };
+        let n = o.props.len() as u16;
+        if n == 0 {
+            return (1, 0);
+        }
+        match self.graph.order {
+            PropertyOrder::Any => {
+                let _ = seen;
+                (0, n - 1)
+            }
+            PropertyOrder::Schema => {
+                // Up to and including the first required property not yet written.
+                let hi = (next..n).find(|&i| o.props[i as usize].required).unwrap_or(n.saturating_sub(1));
+                (next, hi)
+            }
+        }
+    }
+
+    /// Whether the key trie node `t` leads to a property in `[lo, hi]` not yet seen.
+    fn key_reachable(&self, node: NodeId, t: u32, lo: u16, hi: u16, seen: u64) -> bool {
+        let Node::Object(o) = self.graph.node(node) else { return false };
+        o.keys.below[t as usize].iter().any(|&i| i >= lo && i <= hi && (i >= 64 || seen & (1 << i) == 0))
+    }
+
+    /// Whether an undeclared key may come now.
+    fn additional_allowed(&self, node: NodeId, next: u16, seen: u64) -> bool {
+        let Node::Object(o) = self.graph.node(node) else { return false };
+        match self.graph.order {
+            PropertyOrder::Any => true,
+            // Additional properties come after every required declared one.
+            PropertyOrder::Schema => {
+                let _ = seen;
+                !o.props[next as usize..].iter().any(|p| p.required)
+            }
+        }
+    }
+
+    /// Whether `}` may come now.
+    fn object_closable(&self, node: NodeId, next: u16, seen: u64, count: u32) -> bool {
+        let Node::Object(o) = self.graph.node(node) else { return false };
+        if count < o.min_props {
+            return false;
+        }
+        match self.graph.order {
+            PropertyOrder::Schema => !o.props[(next as usize).min(o.props.len())..].iter().any(|p| p.required),
+            PropertyOrder::Any => {
+                o.props.iter().enumerate().all(|(i, p)| !p.required || (i < 64 && seen & (1 << i) != 0))
+            }
+        }
+    }
+
+    /// The node of item `index` of an array, if one may come there.
+    fn item_node(&self, node: NodeId, index: u32) -> Option<NodeId> {
+        let Node::Array(a) = self.graph.node(node) else { return None };
+        let n = a.prefix.get(index as usize).copied().unwrap_or(a.items);
+        (n != crate::graph::NEVER).then_some(n)
+    }
+
+    fn patterns_accept(&self, node: NodeId, dfa: [u32; 2]) -> bool {
+        let Node::String(s) = self.graph.node(node) else { return false };
+        s.patterns.iter().enumerate().take(2).all(|(k, &p)| {
+            let d = &self.graph.dfas[p as usize];
+            let st = StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO);
+            d.is_match_state(d.next_eoi_state(st))
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn number_step(
+        &self,
+        n: &crate::graph::NumberNode,
+        phase: u8,
+        neg: bool,
+        value: u64,
+        frac: u16,
+        exp: u16,
+        exp_neg: bool,
+        b: u8,
+    ) -> NumStep {
+        let tracked = n.min.is_some() || n.max.is_some() || n.multiple_of.is_some();
+        let v = f64::from_bits(value);
+        let frame = |phase, neg, v: f64, frac, exp, exp_neg| {
+            NumStep::Continue(NumFrame { phase, neg, value: if tracked { v.to_bits() } else { 0 }, frac, exp, exp_neg })
+        };
+        let digit = b.is_ascii_digit();
+        let d = (b.wrapping_sub(b'0')) as f64;
+        // Pruning: a positive number only grows with more integer digits, a negative one
+        // only shrinks; once past a bound there is no way back.
+        let over = |v: f64| {
+            if neg {
+                n.min.is_some_and(|(m, _)| -v < m)
+            } else {
+                n.max.is_some_and(|(m, _)| v > m)
+            }
+        };
+        match (phase, b) {
+            (NUM_START, b'-') => {
+                if n.min.is_some_and(|(m, _)| m >= 0.0) {
+                    return NumStep::Reject;
+                }
+                frame(NUM_MINUS, true, 0.0, 0, 0, false)
+            }
+            (NUM_START | NUM_MINUS, b'0') => {
+                // A leading zero is 0 (integer) or below 1 (number): reject it when the
+                // minimum cannot be reached that way.
+                let can_reach_min = if n.integer {
+                    n.min.is_none_or(|(m, e)| m < 0.0 || (m == 0.0 && !e))
+                } else {
+                    n.min.is_none_or(|(m, _)| m < 1.0)
+                };
+                if !can_reach_min && !neg {
+                    return NumStep::Reject;
+                }
+                if !neg && n.max.is_some_and(|(m, e)| m < 0.0 || (m == 0.0 && e)) {
+                    return NumStep::Reject;
+                }
+                frame(NUM_ZERO, neg, 0.0, 0, 0, false)
+            }
+            (NUM_START | NUM_MINUS, b'1'..=b'9') => {
+                if !neg && n.max.is_some_and(|(m, _)| m < 0.0) {
+                    return NumStep::Reject;
+                }
+                if over(d) {
+                    return NumStep::Reject;
+                }
+                frame(NUM_INT, neg, d, 0, 0, false)
+            }
+            (NUM_INT, _) if digit => {
+                let nv = v * 10.0 + d;
+                if over(nv) {
+                    return NumStep::Reject;
+                }
+                frame(NUM_INT, neg, nv, 0, 0, false)
+            }
+            (NUM_ZERO | NUM_INT, b'.') if !n.integer => {
+                if !neg && n.min.is_some_and(|(m, _)| v + 1.0 <= m) {
+                    return NumStep::Reject;
+                }
+                frame(NUM_DOT, neg, v, 0, 0, false)
+            }
+            (NUM_DOT | NUM_FRAC, _) if digit => {
+                let k = frac.saturating_add(1);
+                let nv = v + d * 10f64.powi(-(k as i32));
+                if over(nv) {
+                    return NumStep::Reject;
+                }
+                frame(NUM_FRAC, neg, nv, if tracked { k } else { 0 }, 0, false)
+            }
+            (NUM_ZERO | NUM_INT | NUM_FRAC, b'e' | b'E') if !n.integer && !tracked => {
+                frame(NUM_E, neg, v, frac, 0, false)
+            }
+            (NUM_E, b'+' | b'-') => frame(NUM_ESIGN, neg, v, frac, 0, b == b'-'),
+            (NUM_E | NUM_ESIGN | NUM_EXP, _) if digit => frame(NUM_EXP, neg, v, frac, 0, exp_neg),
+            (NUM_ZERO | NUM_INT | NUM_FRAC | NUM_EXP, _) => {
+                let _ = exp;
+                NumStep::End
+            }
+            _ => NumStep::Reject,
+        }
+    }
+}
+
+/// The fields of a number frame after one byte.
+struct NumFrame {
+    phase: u8,
+    neg: bool,
+    value: u64,
+    frac: u16,
+    exp: u16,
+    exp_neg: bool,
+}
+
+enum NumStep {
+    Continue(NumFrame),
+    End,
+    Reject,
+}
+
+/// Whether a finished number satisfies its node.
+fn number_ok(n: &crate::graph::NumberNode, phase: u8, neg: bool, value: u64, _frac: u16, _exp: u16, _e: bool) -> bool {
+    if !matches!(phase, NUM_ZERO | NUM_INT | NUM_FRAC | NUM_EXP) {
+        return false;
+    }
+    if n.min.is_none() && n.max.is_none() && n.multiple_of.is_none() {
+        return true;
+    }
+    let v = if neg { -f64::from_bits(value) } else { f64::from_bits(value) };
+    if let Some((m, excl)) = n.min
+        && (v < m || (excl && v <= m))
+    {
+        return false;
+    }
+    if let Some((m, excl)) = n.max
+        && (v > m || (excl && v >= m))
+    {
+        return false;
+    }
+    if let Some(k) = n.multiple_of {
+        let q = v / k;
+        if (q - q.round()).abs() > 1e-9 * q.abs().max(1.0) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Advances the escape/UTF-8 tracker of a string by one raw byte.
+fn advance_chars(c: Chars, b: u8) -> Option<Chars> {
+    match c.esc {
+        1 => match b {
+            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(Chars::default()),
+            b'u' => Some(Chars { esc: 5, utf8: 0, hex: 0 }),
+            _ => None,
+        },
+        2..=5 => {
+            let h = (b as char).to_digit(16)? as u16;
+            let hex = c.hex << 4 | h;
+            Some(if c.esc == 2 { Chars::default() } else { Chars { esc: c.esc - 1, utf8: 0, hex } })
+        }
+        _ => {
+            if c.utf8 > 0 {
+                return (b & 0xC0 == 0x80).then_some(Chars { utf8: c.utf8 - 1, ..c });
+            }
+            match b {
+                b'\\' => Some(Chars { esc: 1, ..c }),
+                b'"' => None,
+                0x00..=0x1F => None,
+                0x20..=0x7F => Some(c),
+                0xC2..=0xDF => Some(Chars { utf8: 1, ..c }),
+                0xE0..=0xEF => Some(Chars { utf8: 2, ..c }),
+                0xF0..=0xF4 => Some(Chars { utf8: 3, ..c }),
+                _ => None,
+            }
+        }
+    }
+}
+
+/// A few bytes, inline.
+struct Decoded {
+    buf: [u8; 4],
+    len: usize,
+}
+
+impl Decoded {
+    fn as_slice(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// The bytes of the decoded string that raw byte `b` completes (none while an escape is
+/// still being read).
+fn decoded_bytes(before: Chars, after: Chars, b: u8) -> Decoded {
+    let mut d = Decoded { buf: [0; 4], len: 0 };
+    match before.esc {
+        0 if b == b'\\' => {}
+        0 => {
+            d.buf[0] = b;
+            d.len = 1;
+        }
+        1 if b == b'u' => {}
+        1 => {
+            d.buf[0] = match b {
+                b'b' => 0x08,
+                b'f' => 0x0C,
+                b'n' => b'\n',
+                b'r' => b'\r',
+                b't' => b'\t',
+                other => other,
+            };
+            d.len = 1;
+        }
+        2 => {
+            let unit = (before.hex << 4) | (b as char).to_digit(16).unwrap_or(0) as u16;
+            let ch = char::from_u32(unit as u32).unwrap_or('\u{FFFD}');
+            d.len = ch.encode_utf8(&mut d.buf).len();
+        }
+        _ => {}
+    }
+    let _ = after;
+    d
+}
+
+impl Recognizer for SchemaRecognizer {
+    type State = State;
+
+    fn start(&self) -> State {
+        State(vec![vec![Frame::End, Frame::Value(self.graph.root)]])
+    }
+
+    fn advance(&self, state: &State, byte: u8) -> Option<State> {
+        let mut out = Vec::with_capacity(state.0.len());
+        for config in &state.0 {
+            self.step(config.clone(), byte, &mut out, 0);
+        }
+        if out.is_empty() {
+            return None;
+        }
+        if out.len() > 1 {
+            out.sort_unstable_by_key(key::of);
+            out.dedup();
+        }
+        Some(State(out))
+    }
+
+    fn is_accepting(&self, state: &State) -> bool {
+        state.0.iter().any(|c| match c.as_slice() {
+            [Frame::End] => true,
+            [Frame::End, Frame::Num { node, phase, neg, value, frac, exp, exp_neg }] => match self.graph.node(*node) {
+                Node::Number(n) => number_ok(n, *phase, *neg, *value, *frac, *exp, *exp_neg),
+                _ => false,
+            },
+            [Frame::End, Frame::Lit { set, trie }] => self.graph.literals[*set as usize].terminal[*trie as usize],
+            _ => false,
+        })
+    }
+
+    fn state_key(&self, state: &State) -> u64 {
+        key::of(state)
+    }
+}

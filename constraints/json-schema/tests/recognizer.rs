@@ -1,0 +1,69 @@
+//! The recogniser on hand-written schemas: exactly the valid compact documents are accepted.
+
+use dspark_plugin_json_schema::compile_recognizer;
+
+fn check(schema: &str, options: &str, valid: &[&str], invalid: &[&str]) {
+    let (rec, _) = compile_recognizer("json-schema", schema, options).unwrap_or_else(|e| panic!("{schema}: {e}"));
+    for v in valid {
+        assert!(rec.matches(v.as_bytes()), "{schema}: should accept {v}");
+    }
+    for v in invalid {
+        assert!(!rec.matches(v.as_bytes()), "{schema}: should reject {v}");
+    }
+}
+
+#[test]
+fn objects_in_schema_order_with_required_and_additional() {
+    let s = r#"{"type":"object","properties":{"id":{"type":"integer"},"name":{"type":"string"},"tag":{"type":"string"}},"required":["id","name"],"additionalProperties":false}"#;
+    check(
+        s,
+        "{}",
+        &[r#"{"id":1,"name":"a"}"#, r#"{"id":-12,"name":"","tag":"x"}"#],
+        &[r#"{"name":"a","id":1}"#, r#"{"id":1}"#, r#"{"id":1,"name":"a","x":1}"#, r#"{"id":1.5,"name":"a"}"#, r#"{"id":01,"name":"a"}"#],
+    );
+    check(s, r#"{"property_order":"any"}"#, &[r#"{"name":"a","id":1}"#, r#"{"tag":"t","id":1,"name":"a"}"#], &[r#"{"id":1,"id":2,"name":"a"}"#]);
+    let open = r#"{"type":"object","properties":{"a":{"type":"boolean"}},"required":["a"]}"#;
+    check(open, "{}", &[r#"{"a":true,"b":[1,{"c":null}]}"#], &[r#"{"a":true,"a":false}"#, r#"{"b":1,"a":true}"#]);
+}
+
+#[test]
+fn arrays_strings_numbers_and_literals() {
+    check(r#"{"type":"array","items":{"type":"integer","minimum":1,"maximum":10},"minItems":1,"maxItems":3}"#, "{}",
+        &["[1]", "[10,2,3]"], &["[]", "[0]", "[11]", "[1,2,3,4]", "[1,]"]);
+    check(r#"{"type":"string","minLength":2,"maxLength":3}"#, "{}", &[r#""ab""#, r#""abc""#, r#""é\n""#], &[r#""a""#, r#""abcd""#]);
+    check(r#"{"type":"string","pattern":"^[a-z]+\\d$"}"#, "{}", &[r#""abc1""#], &[r#""abc""#, r#""1abc1""#]);
+    check(r#"{"type":"string","pattern":"o"}"#, "{}", &[r#""foo""#, r#""o""#], &[r#""bar""#]);
+    check(r#"{"type":"string","format":"date"}"#, "{}", &[r#""2024-02-29""#], &[r#""2024-13-01""#]);
+    check(r#"{"type":"number","exclusiveMinimum":0,"maximum":1.5}"#, "{}", &["0.5", "1.5", "1"], &["0", "-1", "1.6", "2"]);
+    check(r#"{"type":"integer","multipleOf":3}"#, "{}", &["0", "9", "-3"], &["4", "1.5"]);
+    check(r#"{"enum":["red","green",1,null,{"a":[1]}]}"#, "{}", &[r#""red""#, "1", "null", r#"{"a":[1]}"#], &[r#""blue""#, "2", "10"]);
+    check(r#"{"const":true}"#, "{}", &["true"], &["false"]);
+    check(r#"{"type":["string","null"]}"#, "{}", &["null", r#""x""#], &["1"]);
+}
+
+#[test]
+fn refs_unions_and_all_of() {
+    let tree = r##"{"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"}}},"required":["v"],"additionalProperties":false}},"$ref":"#/$defs/node"}"##;
+    check(tree, "{}", &[r#"{"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]}"#], &[r#"{"v":1,"kids":[{"w":2}]}"#]);
+    let any_of = r#"{"anyOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false},{"type":"object","properties":{"b":{"type":"string"}},"required":["b"],"additionalProperties":false}]}"#;
+    check(any_of, "{}", &[r#"{"a":1}"#, r#"{"b":"x"}"#], &[r#"{"a":"x"}"#, r#"{"c":1}"#]);
+    let all_of = r#"{"allOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},{"properties":{"b":{"type":"string"}},"required":["b"]}]}"#;
+    check(all_of, "{}", &[r#"{"a":1,"b":"x"}"#], &[r#"{"a":1}"#, r#"{"b":"x"}"#]);
+    check("true", "{}", &["1", r#"{"a":[true,null]}"#, r#""s""#], &["tru", "{"]);
+    check("false", "{}", &[], &["1", "null"]);
+}
+
+#[test]
+fn unsupported_and_invalid_schemas_are_errors_with_pointers() {
+    let e = compile_recognizer("json-schema", r#"{"properties":{"a":{"not":{"type":"string"}}}}"#, "{}").err().unwrap();
+    assert_eq!(e.location.as_deref(), Some("#/properties/a/not"));
+    assert!(e.message.contains("`not`"), "{e}");
+    let e = compile_recognizer("json-schema", r#"{"$ref":"https://example.com/s.json"}"#, "{}").err().unwrap();
+    assert!(e.message.contains("remote"), "{e}");
+    let e = compile_recognizer("json-schema", r##"{"$ref":"#/$defs/missing"}"##, "{}").err().unwrap();
+    assert!(e.message.contains("does not exist"), "{e}");
+    let e = compile_recognizer("json-schema", "{", "{}").err().unwrap();
+    assert!(e.message.starts_with("the schema is not valid JSON"), "{e}");
+    let e = compile_recognizer("json-schema", "{}", r#"{"indent":2}"#).err().unwrap();
+    assert!(e.message.contains("unknown option `indent`"), "{e}");
+}
