@@ -11,7 +11,7 @@
 //! - `oneOf` is enforced as `anyOf` (a warning says so) unless its branches have disjoint
 //!   types.
 //! - Keywords that cannot be enforced by a left-to-right automaton yet (`not`,
-//!   `if`/`then`/`else`, `patternProperties`, `propertyNames`, `dependent*`, `contains`,
+//!   `if`/`then`/`else`, `propertyNames`, `dependent*`, `contains`,
 //!   `unevaluated*`, dynamic refs) are errors naming pointer and keyword: never silently
 //!   ignored. `uniqueItems` is a warning (not enforced). Unknown keywords are ignored, as
 //!   JSON Schema says, with a warning.
@@ -49,12 +49,12 @@ const HANDLED: &[&str] = &[
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
     "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
     "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "allOf", "anyOf", "oneOf", "$ref", "minProperties",
-    "maxProperties", "uniqueItems",
+    "maxProperties", "uniqueItems", "patternProperties",
 ];
 
 /// Keywords refused with an error.
 const UNSUPPORTED: &[&str] = &[
-    "not", "if", "then", "else", "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas",
+    "not", "if", "then", "else", "propertyNames", "dependentRequired", "dependentSchemas",
     "dependencies", "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems",
     "$dynamicRef", "$recursiveRef",
 ];
@@ -76,6 +76,8 @@ pub struct Compiler<'a> {
     dfa_cache: HashMap<(String, bool), u32>,
     refs: HashMap<String, NodeId>,
     anchors: HashMap<String, String>,
+    /// Drafts 4-7: `$ref` siblings are ignored.
+    legacy_ref: bool,
     /// Warnings, with the pointer they apply to.
     pub warnings: Vec<Warning>,
     depth: usize,
@@ -84,6 +86,12 @@ pub struct Compiler<'a> {
 impl<'a> Compiler<'a> {
     /// A compiler over `root`.
     pub fn new(root: &'a Value) -> Self {
+        Self::with_draft(root, None)
+    }
+
+    /// A compiler over `root` for a given draft (`"4"`, `"6"`, `"7"`, `"2019-09"`,
+    /// `"2020-12"`); `None` reads `$schema`, defaulting to 2020-12.
+    pub fn with_draft(root: &'a Value, draft: Option<&str>) -> Self {
         let mut c = Self {
             root,
             nodes: vec![Node::Never, Node::Pending],
@@ -92,6 +100,13 @@ impl<'a> Compiler<'a> {
             dfa_cache: HashMap::new(),
             refs: HashMap::new(),
             anchors: HashMap::new(),
+            legacy_ref: match draft {
+                Some(d) => matches!(d, "4" | "6" | "7"),
+                None => root
+                    .get("$schema")
+                    .and_then(Value::as_str)
+                    .is_some_and(|s| s.contains("draft-04") || s.contains("draft-06") || s.contains("draft-07")),
+            },
             warnings: Vec::new(),
             depth: 0,
         };
@@ -125,6 +140,8 @@ impl<'a> Compiler<'a> {
         let object = self.push(Node::Object(ObjectNode {
             props: Vec::new(),
             additional: ANY,
+            patterns: Vec::new(),
+            pattern_nodes: vec![ANY],
             keys: KeyTrie::build(&[]),
             min_props: 0,
             max_props: u32::MAX,
@@ -240,8 +257,9 @@ impl<'a> Compiler<'a> {
         // A `$ref` alone is a graph edge (cycles allowed); with siblings it is merged.
         if let Some(r) = map.get("$ref") {
             let r = r.as_str().ok_or_else(|| err(ErrorCode::InvalidSource, ptr, "`$ref` must be a string"))?;
+            // Drafts 4-7 ignore the siblings of `$ref`; 2019-09 and later apply them too.
             let has_siblings = map.keys().any(|k| HANDLED.contains(&k.as_str()) && k != "$ref");
-            if !has_siblings {
+            if !has_siblings || self.legacy_ref {
                 return self.reference(r, ptr);
             }
         }
@@ -295,7 +313,10 @@ impl<'a> Compiler<'a> {
         if let Some(Value::String(r)) = map.get("$ref") {
             let (target, tptr) = self.resolve(r, ptr)?;
             match target {
-                Value::Object(t) => parts.push((t.clone(), tptr)),
+                Value::Object(t) => {
+                    self.check_keywords(t, &tptr)?;
+                    parts.push((t.clone(), tptr));
+                }
                 Value::Bool(true) => {}
                 Value::Bool(false) => parts.push((never_map(), tptr)),
                 _ => return Err(err(ErrorCode::InvalidSource, &tptr, "a schema must be an object or a boolean")),
@@ -379,15 +400,31 @@ impl<'a> Compiler<'a> {
         }
         let types = self.types(map, ptr)?;
         if let Some(vs) = values {
-            let encoded: Vec<Vec<u8>> = vs
+            let fitting: Vec<&Value> = vs.iter().filter(|v| types.iter().any(|t| type_matches(t, v))).collect();
+            // Numbers compare by value (`1` equals `1.0`): each numeric value is a number node
+            // bounded to exactly that value; everything else is a literal string of bytes.
+            let mut alts: Vec<NodeId> = fitting
                 .iter()
-                .filter(|v| types.iter().any(|t| type_matches(t, v)))
-                .map(|v| serde_json::to_vec(v).unwrap_or_default())
+                .filter_map(|v| v.as_f64())
+                .map(|x| {
+                    self.push(Node::Number(NumberNode {
+                        integer: false,
+                        min: Some((x, false)),
+                        max: Some((x, false)),
+                        multiple_of: None,
+                    }))
+                })
                 .collect();
-            if encoded.is_empty() {
-                return Ok(NEVER);
+            let encoded: Vec<Vec<u8>> =
+                fitting.iter().filter(|v| !v.is_number()).map(|v| serde_json::to_vec(v).unwrap_or_default()).collect();
+            if !encoded.is_empty() {
+                alts.push(self.literal_node(&encoded));
             }
-            return Ok(self.literal_node(&encoded));
+            return Ok(match alts.len() {
+                0 => NEVER,
+                1 => alts[0],
+                _ => self.push(Node::Union(alts)),
+            });
         }
         let mut alts = Vec::new();
         for t in &types {
@@ -440,17 +477,54 @@ impl<'a> Compiler<'a> {
             None => ANY,
             Some(a) => self.schema_owned(a, &format!("{ptr}/additionalProperties"))?,
         };
+        // patternProperties: up to four patterns; every subset of them gets the node of the
+        // `allOf` of its schemas, so the value of an undeclared key is known when the key ends.
+        let mut patterns: Vec<(String, Value)> = Vec::new();
+        if let Some(pp) = map.get("patternProperties") {
+            let pp = pp.as_object().ok_or_else(|| {
+                err(ErrorCode::InvalidSource, &format!("{ptr}/patternProperties"), "`patternProperties` must be an object")
+            })?;
+            if pp.len() > 4 {
+                return Err(err(ErrorCode::Unsupported, &format!("{ptr}/patternProperties"), "more than four `patternProperties` are not supported yet"));
+            }
+            patterns = pp.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        }
+        let mut pattern_dfas = Vec::new();
+        for (p, _) in &patterns {
+            let at = format!("{ptr}/patternProperties/{}", escape_pointer(p));
+            pattern_dfas.push(self.dfa(p, true, &at)?);
+        }
+        // Which patterns a declared name matches.
+        let matches_name = |c: &Self, name: &str| -> Vec<bool> {
+            pattern_dfas.iter().map(|&d| c.dfa_matches(d, name.as_bytes())).collect()
+        };
+        let mut pattern_nodes = vec![additional];
+        for subset in 1..(1usize << patterns.len()) {
+            let parts: Vec<Value> =
+                (0..patterns.len()).filter(|i| subset & (1 << i) != 0).map(|i| patterns[i].1.clone()).collect();
+            let combined = if parts.len() == 1 { parts[0].clone() } else { serde_json::json!({ "allOf": parts }) };
+            pattern_nodes.push(self.schema_owned(&combined, &format!("{ptr}/patternProperties"))?);
+        }
         let mut props = Vec::new();
         if let Some(p) = map.get("properties") {
-            let p = p.as_object().ok_or_else(|| err(ErrorCode::InvalidSource, &format!("{ptr}/properties"), "`properties` must be an object"))?;
+            let p = p.as_object().ok_or_else(|| {
+                err(ErrorCode::InvalidSource, &format!("{ptr}/properties"), "`properties` must be an object")
+            })?;
             for (name, schema) in p {
-                let node = self.schema_owned(schema, &format!("{ptr}/properties/{}", escape_pointer(name)))?;
+                // A declared property whose name matches patterns must satisfy them too.
+                let mut parts = vec![schema.clone()];
+                let hits = matches_name(self, name);
+                parts.extend(patterns.iter().zip(hits).filter(|(_, hit)| *hit).map(|((_, s), _)| s.clone()));
+                let schema = if parts.len() == 1 { parts.remove(0) } else { serde_json::json!({ "allOf": parts }) };
+                let node = self.schema_owned(&schema, &format!("{ptr}/properties/{}", escape_pointer(name)))?;
                 props.push(Prop { key: serde_json::to_vec(name).unwrap_or_default(), node, required: required.contains(name) });
             }
         }
         for name in &required {
             if !props.iter().any(|p| p.key == serde_json::to_vec(name).unwrap_or_default()) {
-                props.push(Prop { key: serde_json::to_vec(name).unwrap_or_default(), node: additional, required: true });
+                let subset: usize =
+                    matches_name(self, name).iter().enumerate().filter(|(_, hit)| **hit).map(|(i, _)| 1 << i).sum();
+                props.push(Prop { key: serde_json::to_vec(name).unwrap_or_default(), node: pattern_nodes[subset], required: true });
             }
         }
         // A property whose schema is `false` cannot appear; a required one makes the object
@@ -459,11 +533,13 @@ impl<'a> Compiler<'a> {
             self.nodes[id as usize] = Node::Never;
             return Ok(id);
         }
-        props.retain(|p| p.node != NEVER);
+        // Properties with a `false` schema stay declared (so an additional key cannot take
+        // their name) but are never offered.
         let keys = KeyTrie::build(&props);
         let min_props = u32_of(map.get("minProperties")).unwrap_or(0);
         let max_props = u32_of(map.get("maxProperties")).unwrap_or(u32::MAX);
-        self.nodes[id as usize] = Node::Object(ObjectNode { props, additional, keys, min_props, max_props });
+        self.nodes[id as usize] =
+            Node::Object(ObjectNode { props, additional, patterns: pattern_dfas, pattern_nodes, keys, min_props, max_props });
         Ok(id)
     }
 
@@ -474,7 +550,7 @@ impl<'a> Compiler<'a> {
         // re-looking them up in the document when they are plain references.
         if let Value::Object(m) = v
             && let Some(Value::String(r)) = m.get("$ref")
-            && m.keys().all(|k| k == "$ref" || ANNOTATIONS.contains(&k.as_str()))
+            && (self.legacy_ref || m.keys().all(|k| k == "$ref" || ANNOTATIONS.contains(&k.as_str())))
         {
             return self.reference(r, ptr);
         }
@@ -577,6 +653,21 @@ impl<'a> Compiler<'a> {
             return Ok(NEVER);
         }
         Ok(self.push(Node::String(StringNode { min_len, max_len, patterns })))
+    }
+
+    /// Whether pattern automaton `d` matches `text` whole (search patterns match anywhere).
+    fn dfa_matches(&self, d: u32, text: &[u8]) -> bool {
+        use regex_automata::dfa::Automaton;
+        let dfa = &self.dfas[d as usize];
+        let cfg = regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes);
+        let Ok(mut st) = dfa.start_state(&cfg) else { return false };
+        for &b in text {
+            st = dfa.next_state(st, b);
+            if dfa.is_dead_state(st) {
+                return false;
+            }
+        }
+        dfa.is_match_state(dfa.next_eoi_state(st))
     }
 
     fn dfa(&mut self, pattern: &str, search: bool, at: &str) -> Result<u32, ConstraintError> {
@@ -701,6 +792,10 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
     let b_props: Vec<String> = b.get("properties").and_then(Value::as_object).map(|m| m.keys().cloned().collect()).unwrap_or_default();
     let a_addl = a.get("additionalProperties").cloned();
     let b_addl = b.get("additionalProperties").cloned();
+    let positional = |m: &Map<String, Value>| m.contains_key("prefixItems") || m.get("items").is_some_and(Value::is_array);
+    if (positional(&a) && b.contains_key("items")) || (positional(&b) && a.contains_key("items")) {
+        return Err(err(ErrorCode::Unsupported, ptr, "`allOf` branches mixing positional and general `items` cannot be merged yet"));
+    }
     for (k, vb) in b {
         let Some(va) = a.get(&k).cloned() else {
             a.insert(k, vb);
@@ -710,6 +805,9 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
             continue;
         }
         let merged = match k.as_str() {
+            "prefixItems" | "items" | "additionalItems" if va.is_array() || vb.is_array() || k == "prefixItems" => {
+                return Err(err(ErrorCode::Unsupported, ptr, format!("`allOf` branches with positional `{k}` cannot be merged yet")));
+            }
             "properties" => {
                 let mut out = va.as_object().cloned().unwrap_or_default();
                 for (name, sb) in vb.as_object().cloned().unwrap_or_default() {

@@ -74,6 +74,11 @@ pub struct ObjectNode {
     pub props: Vec<Prop>,
     /// The node of other properties ([`NEVER`] when closed).
     pub additional: NodeId,
+    /// `patternProperties` patterns (DFA indices, search semantics), at most four.
+    pub patterns: Vec<u32>,
+    /// The value node of an undeclared key, by the set of patterns it matches (bit i =
+    /// pattern i): entry 0 is `additional`, others the `allOf` of the matching schemas.
+    pub pattern_nodes: Vec<NodeId>,
     /// Trie over the declared keys.
     pub keys: KeyTrie,
     /// `minProperties`.

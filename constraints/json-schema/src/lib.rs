@@ -13,7 +13,9 @@
 //!
 //! Serialisation is compact (no whitespace). Options (a JSON object):
 //! - `"property_order"`: `"schema"` (default: declared properties in schema order, which lets
-//!   key names be forced) or `"any"`.
+//!   key names be forced) or `"any"`;
+//! - `"draft"`: `"4"`, `"6"`, `"7"`, `"2019-09"` or `"2020-12"` when the schema has no
+//!   `$schema` (default 2020-12).
 
 pub mod compile;
 pub mod formats;
@@ -32,23 +34,26 @@ use recognizer::SchemaRecognizer;
 pub const MAX_SOURCE_BYTES: usize = 16 << 20;
 
 /// Parses the plugin's options.
-pub fn parse_options(options: &str) -> Result<PropertyOrder, ConstraintError> {
+pub fn parse_options(options: &str) -> Result<(PropertyOrder, Option<String>), ConstraintError> {
     if options.trim().is_empty() {
-        return Ok(PropertyOrder::Schema);
+        return Ok((PropertyOrder::Schema, None));
     }
     let bad = |m: String| ConstraintError::new(ErrorCode::InvalidOptions, m);
     let v: Value = serde_json::from_str(options).map_err(|e| bad(format!("options are not valid JSON: {e}")))?;
     let map = v.as_object().ok_or_else(|| bad("options must be a JSON object".into()))?;
     let mut order = PropertyOrder::Schema;
+    let mut draft = None;
     for (k, v) in map {
         match (k.as_str(), v.as_str()) {
+            ("draft", Some(d @ ("4" | "6" | "7" | "2019-09" | "2020-12"))) => draft = Some(d.to_string()),
+            ("draft", _) => return Err(bad("`draft` must be one of \"4\", \"6\", \"7\", \"2019-09\", \"2020-12\"".into())),
             ("property_order", Some("schema")) => order = PropertyOrder::Schema,
             ("property_order", Some("any")) => order = PropertyOrder::Any,
             ("property_order", _) => return Err(bad("`property_order` must be \"schema\" or \"any\"".into())),
-            (other, _) => return Err(bad(format!("unknown option `{other}`; known: property_order"))),
+            (other, _) => return Err(bad(format!("unknown option `{other}`; known: property_order, draft"))),
         }
     }
-    Ok(order)
+    Ok((order, draft))
 }
 
 /// Compiles a source of `kind` into a recogniser and its warnings.
@@ -57,7 +62,7 @@ pub fn compile_recognizer(
     source: &str,
     options: &str,
 ) -> Result<(SchemaRecognizer, Vec<dspark_guest::Warning>), ConstraintError> {
-    let order = parse_options(options)?;
+    let (order, draft) = parse_options(options)?;
     match kind {
         "json-object" => Ok((SchemaRecognizer::new(compile::Compiler::any(true, order)), Vec::new())),
         "json-value" => Ok((SchemaRecognizer::new(compile::Compiler::any(false, order)), Vec::new())),
@@ -71,7 +76,7 @@ pub fn compile_recognizer(
             let schema: Value = serde_json::from_str(source).map_err(|e| {
                 ConstraintError::new(ErrorCode::InvalidSource, format!("the schema is not valid JSON: {e}"))
             })?;
-            let (graph, warnings) = compile::Compiler::new(&schema).compile(order)?;
+            let (graph, warnings) = compile::Compiler::with_draft(&schema, draft.as_deref()).compile(order)?;
             Ok((SchemaRecognizer::new(graph), warnings))
         }
         other => Err(ConstraintError::new(

@@ -68,7 +68,7 @@ pub enum Frame {
     /// Inside a declared key (bytes of its JSON encoding, through the object's key trie).
     Key { obj: NodeId, trie: u32, lo: u16, hi: u16, seen: u64 },
     /// Inside a key that is not declared (an additional property).
-    FreeKey { obj: NodeId, trie: Option<u32>, chars: Chars },
+    FreeKey { obj: NodeId, trie: Option<u32>, chars: Chars, dfa: [u32; 4] },
     /// Inside an array.
     Arr { node: NodeId, phase: u8, count: u32 },
     /// Inside a string.
@@ -149,9 +149,15 @@ impl SchemaRecognizer {
                             s.push(Frame::Key { obj: node, trie: t, lo, hi, seen });
                             out.push(s);
                         }
-                        if o.additional != crate::graph::NEVER && self.additional_allowed(node, next, seen) {
+                        if (o.additional != crate::graph::NEVER || !o.patterns.is_empty())
+                            && self.additional_allowed(node, next, seen)
+                        {
+                            let mut dfa = [0u32; 4];
+                            for (k, &p) in o.patterns.iter().enumerate().take(4) {
+                                dfa[k] = self.dfa_start(p);
+                            }
                             stack.push(base);
-                            stack.push(Frame::FreeKey { obj: node, trie: o.keys.child(0, b'"'), chars: Chars::default() });
+                            stack.push(Frame::FreeKey { obj: node, trie: o.keys.child(0, b'"'), chars: Chars::default(), dfa });
                             out.push(stack);
                         }
                     }
@@ -181,7 +187,7 @@ impl SchemaRecognizer {
                     }
                 }
             }
-            Frame::FreeKey { obj, trie, chars } => {
+            Frame::FreeKey { obj, trie, chars, mut dfa } => {
                 let Node::Object(o) = g.node(obj) else { return };
                 if chars.esc == 0 && chars.utf8 == 0 && b == b'"' {
                     // A declared name is not an additional property.
@@ -190,8 +196,20 @@ impl SchemaRecognizer {
                     {
                         return;
                     }
+                    let mut subset = 0usize;
+                    for (k, &p) in o.patterns.iter().enumerate().take(4) {
+                        let d = &g.dfas[p as usize];
+                        let st = StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO);
+                        if d.is_match_state(d.next_eoi_state(st)) {
+                            subset |= 1 << k;
+                        }
+                    }
+                    let value = o.pattern_nodes[subset];
+                    if value == crate::graph::NEVER {
+                        return;
+                    }
                     let Some(Frame::Obj { node, phase, next, seen, count, .. }) = stack.pop() else { return };
-                    stack.push(Frame::Obj { node, phase, next, seen, count, pending: o.additional });
+                    stack.push(Frame::Obj { node, phase, next, seen, count, pending: value });
                     out.push(stack);
                     return;
                 }
@@ -199,8 +217,19 @@ impl SchemaRecognizer {
                     return; // additional keys are written without escapes
                 }
                 let Some(chars) = advance_chars(chars, b) else { return };
+                let mut live = false;
+                for (k, &p) in o.patterns.iter().enumerate().take(4) {
+                    let d = &g.dfas[p as usize];
+                    let st = d.next_state(StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO), b);
+                    dfa[k] = st.as_u32();
+                    live |= !d.is_dead_state(st);
+                }
+                // With `additionalProperties: false` the key must still be able to match a pattern.
+                if o.additional == crate::graph::NEVER && !live {
+                    return;
+                }
                 let trie = trie.and_then(|t| o.keys.child(t, b));
-                stack.push(Frame::FreeKey { obj, trie, chars });
+                stack.push(Frame::FreeKey { obj, trie, chars, dfa });
                 out.push(stack);
             }
             Frame::Arr { node, phase, count } => {
@@ -315,14 +344,7 @@ impl SchemaRecognizer {
                 if b == b'"' {
                     let mut dfa = [0u32; 2];
                     for (k, &p) in s.patterns.iter().enumerate().take(2) {
-                        let d = &g.dfas[p as usize];
-                        let start = d
-                            .start_state(
-                                &regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes),
-                            )
-                            .map(|s| s.as_u32())
-                            .unwrap_or(0);
-                        dfa[k] = start;
+                        dfa[k] = self.dfa_start(p);
                     }
                     stack.push(Frame::Str { node, len: 0, chars: Chars::default(), dfa });
                     out.push(stack);
@@ -337,6 +359,14 @@ impl SchemaRecognizer {
                 self.step(stack, b, out, depth + 1);
             }
         }
+    }
+
+    /// The anchored start state of pattern automaton `p`.
+    fn dfa_start(&self, p: u32) -> u32 {
+        let d = &self.graph.dfas[p as usize];
+        d.start_state(&regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes))
+            .map(|s| s.as_u32())
+            .unwrap_or(0)
     }
 
     /// The declared properties that may come next: `[lo, hi]` (empty when lo > hi).
@@ -362,7 +392,9 @@ impl SchemaRecognizer {
     /// Whether the key trie node `t` leads to a property in `[lo, hi]` not yet seen.
     fn key_reachable(&self, node: NodeId, t: u32, lo: u16, hi: u16, seen: u64) -> bool {
         let Node::Object(o) = self.graph.node(node) else { return false };
-        o.keys.below[t as usize].iter().any(|&i| i >= lo && i <= hi && (i >= 64 || seen & (1 << i) == 0))
+        o.keys.below[t as usize].iter().any(|&i| {
+            i >= lo && i <= hi && (i >= 64 || seen & (1 << i) == 0) && o.props[i as usize].node != crate::graph::NEVER
+        })
     }
 
     /// Whether an undeclared key may come now.
@@ -475,13 +507,14 @@ impl SchemaRecognizer {
                 }
                 frame(NUM_INT, neg, nv, 0, 0, false)
             }
-            (NUM_ZERO | NUM_INT, b'.') if !n.integer => {
+            (NUM_ZERO | NUM_INT, b'.') => {
                 if !neg && n.min.is_some_and(|(m, _)| v + 1.0 <= m) {
                     return NumStep::Reject;
                 }
                 frame(NUM_DOT, neg, v, 0, 0, false)
             }
-            (NUM_DOT | NUM_FRAC, _) if digit => {
+            // An integer may be written with a zero fraction (`1.0` is an integer).
+            (NUM_DOT | NUM_FRAC, _) if digit && (!n.integer || b == b'0') => {
                 let k = frac.saturating_add(1);
                 let nv = v + d * 10f64.powi(-(k as i32));
                 if over(nv) {
