@@ -8,7 +8,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 
-builtin=(regex:constraints/regex choice:constraints/choice)
+builtin=(regex:constraints/regex choice:constraints/choice json-schema:constraints/json-schema)
 testonly=(testkit:tests/plugins/testkit)
 
 pkgs=()
@@ -17,7 +17,7 @@ cargo build --quiet --profile plugin --target wasm32-wasip2 "${pkgs[@]}"
 
 install_plugin() { # name crate_dir registry_dir
   local name="$1" dir="$2" reg="$3" wasm sha
-  wasm="$target_dir/wasm32-wasip2/plugin/dspark_plugin_${name}.wasm"
+  wasm="$target_dir/wasm32-wasip2/plugin/dspark_plugin_${name//-/_}.wasm"
   [ -f "$wasm" ] || { echo "build-plugins: $wasm was not produced" >&2; exit 1; }
   sha="$(sha256sum "$wasm" | cut -d' ' -f1)"
   mkdir -p "$reg/$name"

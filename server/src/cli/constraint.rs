@@ -14,6 +14,33 @@ use super::RuntimeArgs;
 
 #[derive(Debug, Subcommand)]
 pub enum ConstraintCommand {
+    /// The MaskBench method through a real plugin in wasmtime: compile time, mask time per
+    /// token, acceptance of valid and rejection of invalid instances, fast-forward share.
+    Maskbench {
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+        /// A Hugging Face tokenizer.json.
+        #[arg(long)]
+        tokenizer: PathBuf,
+        /// A folder of `{schema, tests}` files (sub-folders included).
+        #[arg(long)]
+        data: PathBuf,
+        /// Only the first N files (in sorted order).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// The plugin to run.
+        #[arg(long, default_value = "json-schema")]
+        plugin: String,
+        /// The kind to compile.
+        #[arg(long, default_value = "json-schema")]
+        kind: String,
+        /// Options; instances keep their own key order, so properties may come in any order.
+        #[arg(long, default_value = r#"{"property_order":"any"}"#)]
+        options: String,
+    },
     /// Tokenise TEXT, walk it through a matcher of the constraint, print per token whether it
     /// was allowed and which forced spans were met; exit 0 only if the text is accepted.
     Check {
@@ -44,7 +71,23 @@ pub enum ConstraintCommand {
 }
 
 pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
-    let ConstraintCommand::Check { runtime, plugin, kind, source, source_file, options, tokenizer, text } = cmd;
+    let (runtime, plugin, kind, source, source_file, options, tokenizer, text) = match cmd {
+        ConstraintCommand::Maskbench { runtime, tokenizer, data, limit, json, plugin, kind, options } => {
+            return super::maskbench::run(super::maskbench::Args {
+                runtime,
+                plugin,
+                kind,
+                options,
+                tokenizer,
+                data,
+                limit,
+                json,
+            });
+        }
+        ConstraintCommand::Check { runtime, plugin, kind, source, source_file, options, tokenizer, text } => {
+            (runtime, plugin, kind, source, source_file, options, tokenizer, text)
+        }
+    };
     let source = match (source, source_file) {
         (Some(s), _) => s,
         (None, Some(f)) => std::fs::read_to_string(&f).with_context(|| format!("cannot read {}", f.display()))?,

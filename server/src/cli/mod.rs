@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch.
 
 mod constraint;
+mod maskbench;
 mod plugins;
 
 use std::path::PathBuf;

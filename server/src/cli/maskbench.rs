@@ -1,0 +1,253 @@
+//! `dspark constraint maskbench`: the MaskBench method, through a real plugin in wasmtime.
+//!
+//! For each schema file (`{"schema", "tests": [{"data", "valid"}]}`, as in JSONSchemaBench;
+//! sub-folders included, files in sorted order): time the compile; walk each valid instance,
+//! serialised compactly as given, token by token, timing the mask at every step and consuming
+//! forced spans where they match the instance's own tokens; walk each invalid instance to see
+//! whether it is rejected (a token disallowed or the end not accepting).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, anyhow};
+use dspark_host::plugin::{MatcherHandle, PluginError, PluginInstance};
+use dspark_host::registry::{EntryState, Registry};
+use dspark_host::tokenizer::{CanonicalTokenizer, HfTokenizer};
+use serde_json::{Value, json};
+
+use super::RuntimeArgs;
+
+/// What maskbench was asked to do.
+pub struct Args {
+    pub runtime: RuntimeArgs,
+    pub plugin: String,
+    pub kind: String,
+    pub options: String,
+    pub tokenizer: PathBuf,
+    pub data: PathBuf,
+    pub limit: Option<usize>,
+    pub json: bool,
+}
+
+#[derive(Default)]
+struct Stats {
+    schemas: usize,
+    compiled: usize,
+    compile_errors: BTreeMap<String, usize>,
+    valid_accepted: usize,
+    valid_rejected: usize,
+    invalid_rejected: usize,
+    invalid_accepted: usize,
+    compile_ms: Vec<f64>,
+    mask_us: Vec<f64>,
+    tokens: usize,
+    forced_tokens: usize,
+}
+
+/// Files under `dir` ending in `.json`, sorted, recursively.
+fn schema_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            schema_files(&p, out)?;
+        } else if p.extension().is_some_and(|e| e == "json") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// The cause of a compile error, for grouping: the keyword when one is named.
+fn cause(e: &PluginError) -> String {
+    match e {
+        PluginError::Constraint { error, .. } => {
+            let m = &error.message;
+            if let Some(rest) = m.split("keyword `").nth(1) {
+                format!("{}: {}", error.code.as_str(), rest.split('`').next().unwrap_or(""))
+            } else if m.contains("is remote") {
+                format!("{}: remote $ref", error.code.as_str())
+            } else {
+                let short: String = m.chars().take(48).collect();
+                format!("{}: {short}", error.code.as_str())
+            }
+        }
+        PluginError::Trap { message, .. } => format!("trap: {}", message.chars().take(48).collect::<String>()),
+        other => format!("{other}").chars().take(60).collect(),
+    }
+}
+
+/// Walks `tokens`; returns whether they were accepted whole. Times masks when `stats` is given.
+fn walk(
+    inst: &mut PluginInstance,
+    m: &MatcherHandle,
+    tokens: &[u32],
+    mut stats: Option<&mut Stats>,
+) -> Result<bool, PluginError> {
+    // The span that is certain before anything is written.
+    let start = inst.commit(m, &[])?;
+    let mut i = 0;
+    if !start.forced.is_empty() {
+        if tokens.starts_with(&start.forced) {
+            i = start.forced.len();
+            if let Some(s) = stats.as_deref_mut() {
+                s.forced_tokens += start.forced.len();
+            }
+        } else {
+            inst.rollback(m, start.forced.len() as u32)?;
+        }
+    }
+    while i < tokens.len() {
+        let t0 = Instant::now();
+        let mask = inst.compute_mask(m)?;
+        let dt = t0.elapsed();
+        if let Some(s) = stats.as_deref_mut() {
+            s.mask_us.push(dt.as_secs_f64() * 1e6);
+        }
+        if !mask.allows(tokens[i]) {
+            return Ok(false);
+        }
+        let out = match inst.commit(m, &tokens[i..i + 1]) {
+            Ok(o) => o,
+            Err(PluginError::Constraint { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        i += 1;
+        if !out.forced.is_empty() {
+            if tokens.get(i..i + out.forced.len()) == Some(out.forced.as_slice()) {
+                i += out.forced.len();
+                if let Some(s) = stats.as_deref_mut() {
+                    s.forced_tokens += out.forced.len();
+                }
+            } else {
+                inst.rollback(m, out.forced.len() as u32)?;
+            }
+        }
+    }
+    inst.is_accepting(m)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn summary(v: &mut [f64], ps: &[(&str, f64)]) -> serde_json::Map<String, Value> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let mean = if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let mut m = serde_json::Map::new();
+    m.insert("mean".into(), json!(round3(mean)));
+    for (name, p) in ps {
+        m.insert(name.to_string(), json!(round3(percentile(v, *p))));
+    }
+    m.insert("max".into(), json!(round3(v.last().copied().unwrap_or(0.0))));
+    m
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
+    let wall = Instant::now();
+    let registry = Registry::new(&args.runtime.plugins_dir, args.runtime.runtime()?)?;
+    registry.scan();
+    let plugin = match registry.state(&args.plugin) {
+        Some(EntryState::Loaded(p)) => p,
+        Some(EntryState::Failed(why)) => return Err(anyhow!("plugin `{}` failed to load: {why}", args.plugin)),
+        None => return Err(anyhow!("no plugin `{}` in {}", args.plugin, registry.dir().display())),
+    };
+    let tok = Arc::new(HfTokenizer::from_file(&args.tokenizer, None)?);
+    let canonical: Arc<dyn CanonicalTokenizer> = tok.clone();
+    let mut inst = plugin.instantiate(tok.table().clone(), canonical.clone())?;
+    let mut files = Vec::new();
+    schema_files(&args.data, &mut files)?;
+    if let Some(n) = args.limit {
+        files.truncate(n);
+    }
+    let mut s = Stats::default();
+    for f in &files {
+        let doc: Value = match std::fs::read_to_string(f).ok().and_then(|t| serde_json::from_str(&t).ok()) {
+            Some(d) => d,
+            None => continue,
+        };
+        s.schemas += 1;
+        let source = serde_json::to_string(&doc["schema"])?;
+        let t0 = Instant::now();
+        let compiled = match inst.compile(&args.kind, &source, &args.options) {
+            Ok(c) => c,
+            Err(e) => {
+                *s.compile_errors.entry(cause(&e)).or_default() += 1;
+                continue;
+            }
+        };
+        s.compile_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        s.compiled += 1;
+        for t in doc["tests"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            let text = serde_json::to_string(&t["data"])?;
+            let tokens = canonical.tokenize(text.as_bytes());
+            let valid = t["valid"].as_bool().unwrap_or(false);
+            let m = match inst.new_matcher(&compiled) {
+                Ok(m) => m,
+                Err(_) => break,
+            };
+            let accepted = if valid {
+                s.tokens += tokens.len();
+                walk(&mut inst, &m, &tokens, Some(&mut s))
+            } else {
+                walk(&mut inst, &m, &tokens, None)
+            };
+            let accepted = accepted.unwrap_or(false);
+            match (valid, accepted) {
+                (true, true) => s.valid_accepted += 1,
+                (true, false) => s.valid_rejected += 1,
+                (false, false) => s.invalid_rejected += 1,
+                (false, true) => s.invalid_accepted += 1,
+            }
+            let _ = inst.drop_matcher(m);
+        }
+        let _ = inst.drop_compiled(compiled);
+    }
+    let compile_ms = summary(&mut s.compile_ms, &[("p50", 0.5), ("p99", 0.99)]);
+    let mask_us = summary(&mut s.mask_us, &[("p50", 0.5), ("p90", 0.9), ("p99", 0.99)]);
+    let ff_share = if s.tokens == 0 { 0.0 } else { s.forced_tokens as f64 / s.tokens as f64 };
+    let report = json!({
+        "schemas": s.schemas,
+        "compiled": s.compiled,
+        "compile_errors": s.compile_errors,
+        "valid_accepted": s.valid_accepted,
+        "valid_rejected": s.valid_rejected,
+        "invalid_rejected": s.invalid_rejected,
+        "invalid_accepted": s.invalid_accepted,
+        "compile_ms": compile_ms,
+        "mask_us": mask_us,
+        "ff_share": round3(ff_share),
+        "wall_s": round3(wall.elapsed().as_secs_f64()),
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        let pct = |a: usize, b: usize| if b == 0 { 0.0 } else { 100.0 * a as f64 / b as f64 };
+        println!("schemas            {}", s.schemas);
+        println!("compiled           {} ({:.1}%)", s.compiled, pct(s.compiled, s.schemas));
+        println!("compile errors     {}", serde_json::to_string(&report["compile_errors"])?);
+        let valid = s.valid_accepted + s.valid_rejected;
+        println!("valid instances    accepted {} rejected {} ({:.2}% accepted)", s.valid_accepted, s.valid_rejected, pct(s.valid_accepted, valid));
+        println!("invalid instances  rejected {} accepted {}", s.invalid_rejected, s.invalid_accepted);
+        println!("compile ms         {}", serde_json::to_string(&report["compile_ms"])?);
+        println!("mask µs            {}", serde_json::to_string(&report["mask_us"])?);
+        println!("masks timed        {}", s.mask_us.len());
+        println!("fast-forward share {:.1}% of {} tokens", 100.0 * ff_share, s.tokens);
+        println!("wall s             {:.1}", wall.elapsed().as_secs_f64());
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
