@@ -53,6 +53,14 @@ pub trait Recognizer: Send + Sync + 'static {
     fn can_extend(&self, state: &Self::State) -> bool {
         (0..=255u8).any(|b| self.advance(state, b).is_some())
     }
+
+    /// An optional fast path for masks: adds to `set` exactly the non-special tokens whose
+    /// bytes `state` accepts (EOS is handled by the SDK) and returns `true`, or returns
+    /// `false` to let the SDK walk the token trie. Worth it for states that allow most of the
+    /// vocabulary (e.g. the inside of a JSON string), where the walk visits every node.
+    fn fill_mask(&self, _state: &Self::State, _table: &TokenTable, _set: &mut TokenSet) -> bool {
+        false
+    }
 }
 
 /// Forced spans longer than this many bytes are cut (the rest is forced at the next commit).
@@ -121,7 +129,8 @@ impl<R: Recognizer> RecognizerMatcher<R> {
         if let Some(state) = self.state().cloned() {
             let rec = &*self.rec;
             let set = &mut self.set;
-            if !self.rec.is_accepting(&state) || self.rec.can_extend(&state) {
+            if (!self.rec.is_accepting(&state) || self.rec.can_extend(&state)) && !rec.fill_mask(&state, &self.table, set)
+            {
                 self.table.trie().walk(&state, &mut self.stack, |s, b| rec.advance(s, b), |t| set.insert(t));
             }
             if self.rec.is_accepting(&state) {

@@ -21,6 +21,8 @@ pub mod compile;
 pub mod formats;
 pub mod graph;
 pub mod recognizer;
+pub mod stack;
+pub mod strings;
 
 use std::sync::Arc;
 
@@ -103,6 +105,9 @@ impl Plugin for JsonSchemaPlugin {
         table: &Arc<TokenTable>,
     ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
         let (rec, warnings) = compile_recognizer(kind, source, options)?;
+        // Classify the vocabulary for in-string masks now, under the compile deadline, rather
+        // than at the first mask (once per tokenizer table, then cached).
+        strings::warm_up(table);
         Ok(RecognizerConstraint::new(rec, table, warnings))
     }
 }

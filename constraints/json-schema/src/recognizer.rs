@@ -6,12 +6,16 @@
 //! length only when a length bound applies, a number's value only when a bound applies, so
 //! that equal futures get equal state keys and the host's path tree stays small.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use regex_automata::dfa::Automaton;
 use regex_automata::util::primitives::StateID;
 
-use dspark_guest::{Recognizer, key};
+use dspark_guest::{Recognizer, TokenSet, TokenTable, key};
 
 use crate::graph::{ANY, Graph, Node, NodeId, PropertyOrder};
+use crate::stack::Stack;
 
 /// Object parsing phases.
 const OBJ_OPEN: u8 = 0; // after `{`: a key or `}`
@@ -79,22 +83,89 @@ pub enum Frame {
     Lit { set: u32, trie: u32 },
 }
 
-/// A configuration: a parse stack, bottom first.
-pub type Config = Vec<Frame>;
+/// A configuration: a parse stack.
+pub type Config = Stack;
 
-/// The recogniser state: the live configurations, deduplicated, in a canonical order.
+/// The recogniser state: the live configurations (almost always one), deduplicated, in a
+/// canonical order. The first is held inline so that cloning a one-configuration state does
+/// not allocate.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct State(Vec<Config>);
+pub struct State {
+    first: Config,
+    more: Vec<Config>,
+}
+
+impl State {
+    fn configs(&self) -> impl Iterator<Item = &Config> {
+        std::iter::once(&self.first).chain(self.more.iter())
+    }
+
+    /// Each configuration as a state of its own.
+    pub(crate) fn split(&self) -> Vec<State> {
+        self.configs().map(|c| State { first: c.clone(), more: Vec::new() }).collect()
+    }
+
+    /// The single configuration, if there is exactly one.
+    pub(crate) fn single(&self) -> Option<&Config> {
+        self.more.is_empty().then_some(&self.first)
+    }
+}
+
+thread_local! {
+    /// Scratch space for `advance`, so a step does not allocate its output list.
+    static SCRATCH: std::cell::RefCell<Vec<Config>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Per string node and pattern-automaton states: the escape-free content tokens that keep
+/// every pattern alive. Bounded; cleared when full.
+pub type PatternClassCache = Mutex<HashMap<(NodeId, [u32; 2]), Arc<TokenSet>>>;
 
 /// A compiled schema as a [`Recognizer`].
 pub struct SchemaRecognizer {
     graph: Graph,
+    pattern_classes: PatternClassCache,
 }
 
 impl SchemaRecognizer {
     /// Wraps a compiled graph.
     pub fn new(graph: Graph) -> Self {
-        Self { graph }
+        Self { graph, pattern_classes: Mutex::new(HashMap::new()) }
+    }
+
+    /// The escape-free content tokens (from `candidates`) that keep the patterns of string
+    /// `node` alive from automaton states `dfa`; cached.
+    pub(crate) fn pattern_class(
+        &self,
+        node: NodeId,
+        dfa: [u32; 2],
+        candidates: &TokenSet,
+        table: &TokenTable,
+    ) -> Arc<TokenSet> {
+        let mut cache = self.pattern_classes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.get(&(node, dfa)) {
+            return c.clone();
+        }
+        let Node::String(s) = self.graph.node(node) else { return Arc::new(TokenSet::new(candidates.len())) };
+        let mut out = TokenSet::new(candidates.len());
+        'tokens: for t in candidates.iter() {
+            for (k, &p) in s.patterns.iter().enumerate().take(2) {
+                let d = &self.graph.dfas[p as usize];
+                let mut st = StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO);
+                for &b in table.token_bytes(t) {
+                    st = d.next_state(st, b);
+                    if d.is_dead_state(st) {
+                        continue 'tokens;
+                    }
+                }
+            }
+            out.insert(t);
+        }
+        let out = Arc::new(out);
+        if cache.len() >= 4096 {
+            cache.clear();
+        }
+        cache.insert((node, dfa), out.clone());
+        out
     }
 
     /// The graph.
@@ -581,7 +652,7 @@ fn number_ok(n: &crate::graph::NumberNode, phase: u8, neg: bool, value: u64, _fr
 }
 
 /// Advances the escape/UTF-8 tracker of a string by one raw byte.
-fn advance_chars(c: Chars, b: u8) -> Option<Chars> {
+pub(crate) fn advance_chars(c: Chars, b: u8) -> Option<Chars> {
     match c.esc {
         1 => match b {
             b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(Chars::default()),
@@ -615,6 +686,13 @@ fn advance_chars(c: Chars, b: u8) -> Option<Chars> {
 struct Decoded {
     buf: [u8; 4],
     len: usize,
+}
+
+impl Chars {
+    /// Between characters: not inside an escape or a UTF-8 sequence.
+    pub fn is_plain(&self) -> bool {
+        self.esc == 0 && self.utf8 == 0
+    }
 }
 
 impl Decoded {
@@ -660,34 +738,51 @@ impl Recognizer for SchemaRecognizer {
     type State = State;
 
     fn start(&self) -> State {
-        State(vec![vec![Frame::End, Frame::Value(self.graph.root)]])
+        State { first: Stack::from_frames([Frame::End, Frame::Value(self.graph.root)]), more: Vec::new() }
     }
 
     fn advance(&self, state: &State, byte: u8) -> Option<State> {
-        let mut out = Vec::with_capacity(state.0.len());
-        for config in &state.0 {
-            self.step(config.clone(), byte, &mut out, 0);
-        }
-        if out.is_empty() {
-            return None;
-        }
-        if out.len() > 1 {
-            out.sort_unstable_by_key(key::of);
-            out.dedup();
-        }
-        Some(State(out))
+        SCRATCH.with(|scratch| {
+            let mut out = scratch.take();
+            out.clear();
+            for config in state.configs() {
+                self.step(config.clone(), byte, &mut out, 0);
+            }
+            if out.len() > 1 {
+                out.sort_unstable_by_key(key::of);
+                out.dedup();
+            }
+            let mut drain = out.drain(..);
+            let first = drain.next();
+            let more: Vec<Config> = drain.collect();
+            let result = first.map(|first| State { first, more });
+            scratch.replace(out);
+            result
+        })
     }
 
     fn is_accepting(&self, state: &State) -> bool {
-        state.0.iter().any(|c| match c.as_slice() {
-            [Frame::End] => true,
-            [Frame::End, Frame::Num { node, phase, neg, value, frac, exp, exp_neg }] => match self.graph.node(*node) {
-                Node::Number(n) => number_ok(n, *phase, *neg, *value, *frac, *exp, *exp_neg),
+        state.configs().any(|c| {
+            let mut frames = c.iter();
+            let (top, below) = (frames.next(), frames.next());
+            match (top, below, frames.next()) {
+                (Some(Frame::End), None, _) => true,
+                (Some(Frame::Num { node, phase, neg, value, frac, exp, exp_neg }), Some(Frame::End), None) => {
+                    match self.graph.node(*node) {
+                        Node::Number(n) => number_ok(n, *phase, *neg, *value, *frac, *exp, *exp_neg),
+                        _ => false,
+                    }
+                }
+                (Some(Frame::Lit { set, trie }), Some(Frame::End), None) => {
+                    self.graph.literals[*set as usize].terminal[*trie as usize]
+                }
                 _ => false,
-            },
-            [Frame::End, Frame::Lit { set, trie }] => self.graph.literals[*set as usize].terminal[*trie as usize],
-            _ => false,
+            }
         })
+    }
+
+    fn fill_mask(&self, state: &State, table: &TokenTable, set: &mut TokenSet) -> bool {
+        crate::strings::fill_string_mask(self, state, table, set)
     }
 
     fn state_key(&self, state: &State) -> u64 {

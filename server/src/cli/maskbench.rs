@@ -36,6 +36,7 @@ struct Stats {
     schemas: usize,
     compiled: usize,
     compile_errors: BTreeMap<String, usize>,
+    walk_errors: BTreeMap<String, usize>,
     valid_accepted: usize,
     valid_rejected: usize,
     invalid_rejected: usize,
@@ -78,7 +79,7 @@ fn cause(e: &PluginError) -> String {
                 format!("{}: {short}", error.code.as_str())
             }
         }
-        PluginError::Trap { message, .. } => format!("trap: {}", message.chars().take(48).collect::<String>()),
+        PluginError::Trap { message, call, .. } => format!("trap in {call}: {}", message.chars().take(48).collect::<String>()),
         other => format!("{other}").chars().take(60).collect(),
     }
 }
@@ -206,7 +207,13 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             } else {
                 walk(&mut inst, &m, &tokens, None)
             };
-            let accepted = accepted.unwrap_or(false);
+            let accepted = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    *s.walk_errors.entry(cause(&e)).or_default() += 1;
+                    false
+                }
+            };
             match (valid, accepted) {
                 (true, true) => s.valid_accepted += 1,
                 (true, false) => s.valid_rejected += 1,
@@ -224,6 +231,7 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         "schemas": s.schemas,
         "compiled": s.compiled,
         "compile_errors": s.compile_errors,
+        "walk_errors": s.walk_errors,
         "valid_accepted": s.valid_accepted,
         "valid_rejected": s.valid_rejected,
         "invalid_rejected": s.invalid_rejected,
@@ -240,6 +248,7 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         println!("schemas            {}", s.schemas);
         println!("compiled           {} ({:.1}%)", s.compiled, pct(s.compiled, s.schemas));
         println!("compile errors     {}", serde_json::to_string(&report["compile_errors"])?);
+        println!("walk errors        {}", serde_json::to_string(&report["walk_errors"])?);
         let valid = s.valid_accepted + s.valid_rejected;
         println!("valid instances    accepted {} rejected {} ({:.2}% accepted)", s.valid_accepted, s.valid_rejected, pct(s.valid_accepted, valid));
         println!("invalid instances  rejected {} accepted {}", s.invalid_rejected, s.invalid_accepted);

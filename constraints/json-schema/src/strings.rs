@@ -1,0 +1,221 @@
+//! The fast mask inside JSON strings.
+//!
+//! Inside an unconstrained string almost every token is allowed, and the generic trie walk
+//! would visit the whole vocabulary. Instead, once per tokenizer table, the tokens are split
+//! into: pure string content (valid from the plain in-string state, no unescaped quote), and
+//! tokens that close the string (valid content, then an unescaped `"`, then anything). A mask
+//! is then the content bitset OR-ed in, plus the closing tokens checked one by one against
+//! what may follow the string.
+
+use std::sync::{Arc, Mutex};
+
+use dspark_guest::{Recognizer, TokenSet, TokenTable};
+
+pub use crate::recognizer::PatternClassCache;
+
+use crate::graph::Node;
+use crate::recognizer::{Chars, Frame, SchemaRecognizer, State};
+
+/// Token classes of one table.
+pub struct StringSets {
+    content: TokenSet,
+    content_noesc: TokenSet,
+    /// Content tokens with a backslash (checked one by one under patterns or length bounds).
+    content_esc: Vec<u32>,
+    closing: Vec<u32>,
+    closing_noesc: Vec<u32>,
+    /// Escape-free content tokens by character count: `by_len[c]` for c in 1..=16.
+    by_len: Vec<TokenSet>,
+    /// Escape-free content tokens of more than 16 characters.
+    long: Vec<(u32, u32)>,
+}
+
+impl StringSets {
+    fn build(table: &TokenTable) -> Self {
+        let n = table.vocab_size();
+        let mut s = StringSets {
+            content: TokenSet::new(n),
+            content_noesc: TokenSet::new(n),
+            content_esc: Vec::new(),
+            closing: Vec::new(),
+            closing_noesc: Vec::new(),
+            by_len: (0..=16).map(|_| TokenSet::new(n)).collect(),
+            long: Vec::new(),
+        };
+        for id in 0..n as u32 {
+            if table.is_special(id) {
+                continue;
+            }
+            let bytes = table.token_bytes(id);
+            if bytes.is_empty() {
+                continue;
+            }
+            let mut c = Chars::default();
+            let mut chars = 0u32;
+            let mut backslash = false;
+            let mut closes = false;
+            let mut valid = true;
+            for &b in bytes {
+                if c.is_plain() && b == b'"' {
+                    closes = true;
+                    break;
+                }
+                backslash |= b == b'\\';
+                if c.is_plain() {
+                    chars += 1;
+                }
+                match crate::recognizer::advance_chars(c, b) {
+                    Some(next) => c = next,
+                    None => {
+                        valid = false;
+                        break;
+                    }
+                }
+            }
+            match (valid, closes, backslash) {
+                (true, true, false) => {
+                    s.closing.push(id);
+                    s.closing_noesc.push(id);
+                }
+                (true, true, true) => s.closing.push(id),
+                (true, false, false) => {
+                    s.content.insert(id);
+                    s.content_noesc.insert(id);
+                    if chars as usize <= 16 {
+                        s.by_len[chars as usize].insert(id);
+                    } else {
+                        s.long.push((id, chars));
+                    }
+                }
+                (true, false, true) => {
+                    s.content.insert(id);
+                    s.content_esc.push(id);
+                }
+                _ => {}
+            }
+        }
+        s
+    }
+}
+
+/// The sets of each table seen, by the table's address and size (one table per plugin
+/// instance in practice).
+static CACHE: Mutex<Vec<(usize, usize, Arc<StringSets>)>> = Mutex::new(Vec::new());
+
+fn sets_for(table: &TokenTable) -> Arc<StringSets> {
+    let id = (table as *const TokenTable as usize, table.vocab_size());
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, _, s)) = cache.iter().find(|(a, n, _)| (*a, *n) == id) {
+        return s.clone();
+    }
+    let s = Arc::new(StringSets::build(table));
+    if cache.len() >= 8 {
+        cache.remove(0);
+    }
+    cache.push((id.0, id.1, s.clone()));
+    s
+}
+
+/// Builds (or finds) the token classes of `table`.
+pub fn warm_up(table: &TokenTable) {
+    sets_for(table);
+}
+
+/// Fills `set` with the tokens `state` allows, using the fast path for each configuration
+/// that is inside a string or an undeclared key and the trie walk for the others; `false`
+/// when no configuration is inside a string (the caller walks the trie as usual).
+pub fn fill_string_mask(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut TokenSet) -> bool {
+    let configs = state.split();
+    if !configs.iter().any(|c| eligible(rec, c)) {
+        return false;
+    }
+    let mut stack = Vec::new();
+    for c in &configs {
+        if eligible(rec, c) {
+            fill_one(rec, c, table, set);
+        } else {
+            table.trie().walk(c, &mut stack, |s, b| rec.advance(s, b), |t| set.insert(t));
+        }
+    }
+    true
+}
+
+fn eligible(rec: &SchemaRecognizer, state: &State) -> bool {
+    let g = rec.graph();
+    match state.single().and_then(|c| c.top()) {
+        Some(Frame::Str { chars, .. }) => chars.is_plain(),
+        Some(Frame::FreeKey { obj, chars, .. }) => {
+            chars.is_plain() && matches!(g.node(*obj), Node::Object(o) if o.patterns.is_empty())
+        }
+        _ => false,
+    }
+}
+
+/// Whether `state` accepts all of `bytes`.
+fn accepts(rec: &SchemaRecognizer, state: &State, bytes: &[u8]) -> bool {
+    let mut s = state.clone();
+    for &b in bytes {
+        match rec.advance(&s, b) {
+            Some(n) => s = n,
+            None => return false,
+        }
+    }
+    true
+}
+
+fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut TokenSet) {
+    let sets = sets_for(table);
+    let g = rec.graph();
+    let check = |set: &mut TokenSet, ids: &[u32]| {
+        for &t in ids {
+            if accepts(rec, state, table.token_bytes(t)) {
+                set.insert(t);
+            }
+        }
+    };
+    match state.single().and_then(|c| c.top()) {
+        Some(Frame::Str { node, len, dfa, .. }) => {
+            let Node::String(s) = g.node(*node) else { return };
+            if s.patterns.is_empty() && s.max_len == u32::MAX {
+                or_into(set, &sets.content);
+                check(set, &sets.closing);
+                return;
+            }
+            // Escape-free content that keeps every pattern alive, then cut to the length left.
+            let alive = if s.patterns.is_empty() { None } else { Some(rec.pattern_class(*node, *dfa, &sets.content_noesc, table)) };
+            let base = alive.as_deref().unwrap_or(&sets.content_noesc);
+            if s.max_len == u32::MAX {
+                or_into(set, base);
+            } else {
+                let left = s.max_len.saturating_sub(*len);
+                for c in 1..=left.min(16) as usize {
+                    and_or_into(set, base, &sets.by_len[c]);
+                }
+                for &(t, c) in &sets.long {
+                    if c <= left && base.contains(t) {
+                        set.insert(t);
+                    }
+                }
+            }
+            check(set, &sets.content_esc);
+            check(set, &sets.closing);
+        }
+        Some(Frame::FreeKey { .. }) => {
+            or_into(set, &sets.content_noesc);
+            check(set, &sets.closing_noesc);
+        }
+        _ => {}
+    }
+}
+
+fn or_into(set: &mut TokenSet, bits: &TokenSet) {
+    for (w, b) in set.words_mut().iter_mut().zip(bits.words()) {
+        *w |= *b;
+    }
+}
+
+fn and_or_into(set: &mut TokenSet, a: &TokenSet, b: &TokenSet) {
+    for ((w, x), y) in set.words_mut().iter_mut().zip(a.words()).zip(b.words()) {
+        *w |= *x & *y;
+    }
+}

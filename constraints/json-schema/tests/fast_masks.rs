@@ -1,0 +1,50 @@
+//! The in-string fast path gives exactly the tokens the generic trie walk gives.
+
+use dspark_guest::{Recognizer, TokenSet, TokenTable};
+use dspark_plugin_json_schema::compile_recognizer;
+
+fn table() -> TokenTable {
+    let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    for t in [
+        "\"", "\",", "\"}", "\":", "\"]", "abc", "ab\"", "\\n", "\\\"", "\\u00e9", "\\", "é", "\u{1F600}", " the", "ABC",
+        "1234", "a1", "\",\"", "\"},{\"", "name", "name\"", "zzzzzzzzzzzzzzzzzzzz", "ab\\",
+    ] {
+        tokens.push(t.as_bytes().to_vec());
+    }
+    tokens.push(vec![0xC3]); // a UTF-8 lead byte alone
+    tokens.push(vec![0xA9, b'x']); // a continuation byte first
+    tokens.push(b"<eos>".to_vec());
+    let eos = tokens.len() as u32 - 1;
+    TokenTable::from_tokens(&tokens, &[], &[eos])
+}
+
+fn compare(schema: &str, options: &str, prefix: &str) {
+    let table = table();
+    let (rec, _) = compile_recognizer("json-schema", schema, options).unwrap();
+    let mut state = rec.start();
+    for b in prefix.bytes() {
+        state = rec.advance(&state, b).unwrap_or_else(|| panic!("{schema}: prefix {prefix:?} rejected at {:?}", b as char));
+    }
+    let n = table.vocab_size();
+    let mut fast = TokenSet::new(n);
+    assert!(rec.fill_mask(&state, &table, &mut fast), "{schema} {prefix:?}: the fast path should apply");
+    let mut slow = TokenSet::new(n);
+    table.trie().walk(&state, &mut Vec::new(), |s, b| rec.advance(s, b), |t| slow.insert(t));
+    let only_fast: Vec<u32> = fast.iter().filter(|t| !slow.contains(*t)).collect();
+    let only_slow: Vec<u32> = slow.iter().filter(|t| !fast.contains(*t)).collect();
+    assert!(only_fast.is_empty() && only_slow.is_empty(), "{schema} {prefix:?}: fast-only {only_fast:?}, walk-only {only_slow:?}");
+    assert!(fast.count() > 0);
+}
+
+#[test]
+fn fast_masks_equal_the_trie_walk() {
+    let obj = r#"{"type":"object","properties":{"name":{"type":"string"},"code":{"type":"string","pattern":"^[a-z0-9]+$","maxLength":5},"n":{"type":"integer"}}}"#;
+    compare(obj, "{}", r#"{"name":""#);
+    compare(obj, "{}", r#"{"name":"ab"#);
+    compare(obj, "{}", r#"{"name":"x","code":""#);
+    compare(obj, "{}", r#"{"name":"x","code":"abc"#);
+    compare(obj, r#"{"property_order":"any"}"#, r#"{""#);
+    compare(obj, r#"{"property_order":"any"}"#, r#"{"n":1,"zz"#);
+    compare(r#"{"type":"array","items":{"type":"string","minLength":2}}"#, "{}", r#"["a"#);
+    compare(r#"{"type":"object","additionalProperties":{"type":"string"}}"#, "{}", r#"{"k":"v",""#);
+}
