@@ -29,7 +29,7 @@ pub use api::{
     CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, Warning, no_options,
 };
 pub use bitset::TokenSet;
-pub use recognizer::{MAX_FORCED_BYTES, Recognizer, RecognizerConstraint, RecognizerMatcher};
+pub use recognizer::{MAX_FORCED_BYTES, MaskCache, Recognizer, RecognizerConstraint, RecognizerMatcher};
 pub use table::{TokenTable, Tokenize, TokenizeFn};
 pub use trie::TokenTrie;
 

@@ -6,7 +6,8 @@
 //! bytes that are the only way on, then tokenising them canonically), rollback, drafts, forks
 //! and state keys.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::api::{CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Warning};
 use crate::bitset::TokenSet;
@@ -73,10 +74,49 @@ enum Step<S> {
     Eos,
 }
 
+/// Masks by state key, shared by the matchers of one compiled constraint. The state-key
+/// promise (equal keys, equal masks) makes this sound; it is the plugin-side half of the
+/// host's path tree, and makes a state seen before cost a copy instead of a trie walk.
+#[derive(Default)]
+pub struct MaskCache {
+    inner: Mutex<MaskCacheInner>,
+}
+
+#[derive(Default)]
+struct MaskCacheInner {
+    masks: HashMap<u64, Arc<Mask>>,
+    words: usize,
+}
+
+/// The most 32-bit words the cache holds before it is cleared (16 MiB).
+const MASK_CACHE_WORDS: usize = 4 << 20;
+
+impl MaskCache {
+    fn get(&self, key: u64) -> Option<Arc<Mask>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).masks.get(&key).cloned()
+    }
+
+    fn insert(&self, key: u64, mask: Arc<Mask>) {
+        let size = match &*mask {
+            Mask::All => 1,
+            Mask::Allow(v) | Mask::Bitset(v) => v.len() + 1,
+            Mask::Ranges(r) => 2 * r.len() + 1,
+        };
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.words + size > MASK_CACHE_WORDS {
+            inner.masks.clear();
+            inner.words = 0;
+        }
+        inner.words += size;
+        inner.masks.insert(key, mask);
+    }
+}
+
 /// The matcher the SDK derives from a [`Recognizer`].
 pub struct RecognizerMatcher<R: Recognizer> {
     rec: Arc<R>,
     table: Arc<TokenTable>,
+    cache: Arc<MaskCache>,
     start: R::State,
     history: Vec<Step<R::State>>,
     stack: Vec<R::State>,
@@ -88,6 +128,7 @@ impl<R: Recognizer> Clone for RecognizerMatcher<R> {
         Self {
             rec: self.rec.clone(),
             table: self.table.clone(),
+            cache: self.cache.clone(),
             start: self.start.clone(),
             history: self.history.clone(),
             stack: Vec::new(),
@@ -97,11 +138,16 @@ impl<R: Recognizer> Clone for RecognizerMatcher<R> {
 }
 
 impl<R: Recognizer> RecognizerMatcher<R> {
-    /// A matcher at the recogniser's start state.
+    /// A matcher at the recogniser's start state, with its own mask cache.
     pub fn new(rec: Arc<R>, table: Arc<TokenTable>) -> Self {
+        Self::with_cache(rec, table, Arc::default())
+    }
+
+    /// A matcher sharing `cache` with the other matchers of its constraint.
+    pub fn with_cache(rec: Arc<R>, table: Arc<TokenTable>, cache: Arc<MaskCache>) -> Self {
         let start = rec.start();
         let set = TokenSet::new(table.vocab_size());
-        Self { rec, table, start, history: Vec::new(), stack: Vec::new(), set }
+        Self { rec, table, cache, start, history: Vec::new(), stack: Vec::new(), set }
     }
 
     /// The current recogniser state, or `None` after EOS.
@@ -199,7 +245,13 @@ impl<R: Recognizer> RecognizerMatcher<R> {
 
 impl<R: Recognizer> Matcher for RecognizerMatcher<R> {
     fn compute_mask(&mut self) -> Result<Mask, ConstraintError> {
-        Ok(self.allowed_tokens().to_mask())
+        let key = self.state_key();
+        if let Some(mask) = self.cache.get(key) {
+            return Ok((*mask).clone());
+        }
+        let mask = self.allowed_tokens().to_mask();
+        self.cache.insert(key, Arc::new(mask.clone()));
+        Ok(mask)
     }
 
     fn commit(&mut self, tokens: &[u32]) -> Result<CommitResult, ConstraintError> {
@@ -288,17 +340,18 @@ pub struct RecognizerConstraint<R: Recognizer> {
     rec: Arc<R>,
     table: Arc<TokenTable>,
     warnings: Vec<Warning>,
+    cache: Arc<MaskCache>,
 }
 
 impl<R: Recognizer> RecognizerConstraint<R> {
     /// Wraps `rec` for `table`, with the warnings its compilation produced.
     pub fn new(rec: R, table: &Arc<TokenTable>, warnings: Vec<Warning>) -> Arc<Self> {
-        Arc::new(Self { rec: Arc::new(rec), table: table.clone(), warnings })
+        Arc::new(Self { rec: Arc::new(rec), table: table.clone(), warnings, cache: Arc::default() })
     }
 
     /// A concrete matcher (for native tests that want [`RecognizerMatcher`]'s extra methods).
     pub fn matcher(&self) -> RecognizerMatcher<R> {
-        RecognizerMatcher::new(self.rec.clone(), self.table.clone())
+        RecognizerMatcher::with_cache(self.rec.clone(), self.table.clone(), self.cache.clone())
     }
 }
 
