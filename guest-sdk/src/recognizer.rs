@@ -175,7 +175,8 @@ impl<R: Recognizer> RecognizerMatcher<R> {
         if let Some(state) = self.state().cloned() {
             let rec = &*self.rec;
             let set = &mut self.set;
-            if (!self.rec.is_accepting(&state) || self.rec.can_extend(&state)) && !rec.fill_mask(&state, &self.table, set)
+            if (!self.rec.is_accepting(&state) || self.rec.can_extend(&state))
+                && !rec.fill_mask(&state, &self.table, set)
             {
                 self.table.trie().walk(&state, &mut self.stack, |s, b| rec.advance(s, b), |t| set.insert(t));
             }

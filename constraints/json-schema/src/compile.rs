@@ -39,24 +39,80 @@ pub const MAX_DFA_BYTES: usize = 8 << 20;
 
 /// Keywords that carry no validation (annotations and containers of other schemas).
 const ANNOTATIONS: &[&str] = &[
-    "$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "deprecated", "readOnly",
-    "writeOnly", "$defs", "definitions", "contentEncoding", "contentMediaType", "contentSchema", "$anchor",
-    "$dynamicAnchor", "$recursiveAnchor", "$vocabulary", "discriminator", "example", "markdownDescription",
+    "$schema",
+    "$id",
+    "id",
+    "$comment",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$defs",
+    "definitions",
+    "contentEncoding",
+    "contentMediaType",
+    "contentSchema",
+    "$anchor",
+    "$dynamicAnchor",
+    "$recursiveAnchor",
+    "$vocabulary",
+    "discriminator",
+    "example",
+    "markdownDescription",
 ];
 
 /// Keywords handled by this compiler.
 const HANDLED: &[&str] = &[
-    "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "allOf", "anyOf", "oneOf", "$ref", "minProperties",
-    "maxProperties", "uniqueItems", "patternProperties",
+    "type",
+    "enum",
+    "const",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "additionalItems",
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "$ref",
+    "minProperties",
+    "maxProperties",
+    "uniqueItems",
+    "patternProperties",
 ];
 
 /// Keywords refused with an error.
 const UNSUPPORTED: &[&str] = &[
-    "not", "if", "then", "else", "propertyNames", "dependentRequired", "dependentSchemas",
-    "dependencies", "contains", "minContains", "maxContains", "unevaluatedProperties", "unevaluatedItems",
-    "$dynamicRef", "$recursiveRef",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "contains",
+    "minContains",
+    "maxContains",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "$dynamicRef",
+    "$recursiveRef",
 ];
 
 fn err(code: ErrorCode, pointer: &str, message: impl Into<String>) -> ConstraintError {
@@ -73,6 +129,7 @@ pub struct Compiler<'a> {
     nodes: Vec<Node>,
     literals: Vec<LiteralTrie>,
     dfas: Vec<dense::DFA<Vec<u32>>>,
+    live: Vec<HashMap<u32, u32>>,
     dfa_cache: HashMap<(String, bool), u32>,
     refs: HashMap<String, NodeId>,
     anchors: HashMap<String, String>,
@@ -97,6 +154,7 @@ impl<'a> Compiler<'a> {
             nodes: vec![Node::Never, Node::Pending],
             literals: Vec::new(),
             dfas: Vec::new(),
+            live: Vec::new(),
             dfa_cache: HashMap::new(),
             refs: HashMap::new(),
             anchors: HashMap::new(),
@@ -118,7 +176,10 @@ impl<'a> Compiler<'a> {
     /// Compiles the document into a graph.
     pub fn compile(mut self, order: PropertyOrder) -> Result<(Graph, Vec<Warning>), ConstraintError> {
         let root = self.schema(self.root, "")?;
-        Ok((Graph { nodes: self.nodes, literals: self.literals, dfas: self.dfas, root, order }, self.warnings))
+        Ok((
+            Graph { nodes: self.nodes, literals: self.literals, dfas: self.dfas, live: self.live, root, order },
+            self.warnings,
+        ))
     }
 
     /// A graph that admits any JSON value (`root = ANY`) or any object.
@@ -133,7 +194,7 @@ impl<'a> Compiler<'a> {
         } else {
             ANY
         };
-        Graph { nodes: c.nodes, literals: c.literals, dfas: c.dfas, root, order }
+        Graph { nodes: c.nodes, literals: c.literals, dfas: c.dfas, live: c.live, root, order }
     }
 
     fn build_any(&mut self) {
@@ -212,7 +273,9 @@ impl<'a> Compiler<'a> {
                     return Err(err(
                         ErrorCode::Unsupported,
                         at,
-                        format!("`$ref` to `{reference}` is remote; only references within the schema are supported (the sandbox has no network)"),
+                        format!(
+                            "`$ref` to `{reference}` is remote; only references within the schema are supported (the sandbox has no network)"
+                        ),
                     ));
                 }
             }
@@ -303,9 +366,18 @@ impl<'a> Compiler<'a> {
     }
 
     /// Inlines `$ref` siblings and merges `allOf` into one keyword map.
-    fn flatten(&mut self, map: &Map<String, Value>, ptr: &str, depth: usize) -> Result<Map<String, Value>, ConstraintError> {
+    fn flatten(
+        &mut self,
+        map: &Map<String, Value>,
+        ptr: &str,
+        depth: usize,
+    ) -> Result<Map<String, Value>, ConstraintError> {
         if depth > 32 {
-            return Err(err(ErrorCode::Unsupported, ptr, "`allOf`/`$ref` nest too deeply to merge (a recursive `$ref` inside `allOf`?)"));
+            return Err(err(
+                ErrorCode::Unsupported,
+                ptr,
+                "`allOf`/`$ref` nest too deeply to merge (a recursive `$ref` inside `allOf`?)",
+            ));
         }
         let mut base: Map<String, Value> =
             map.iter().filter(|(k, _)| *k != "allOf" && *k != "$ref").map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -354,9 +426,11 @@ impl<'a> Compiler<'a> {
                 if map.contains_key(other) {
                     return Err(err(ErrorCode::Unsupported, ptr, "`anyOf` together with `oneOf` is not supported yet"));
                 }
-                let branches =
-                    branches.as_array().ok_or_else(|| err(ErrorCode::InvalidSource, ptr, format!("`{kw}` must be an array")))?;
-                let base: Map<String, Value> = map.iter().filter(|(k, _)| *k != kw).map(|(k, v)| (k.clone(), v.clone())).collect();
+                let branches = branches
+                    .as_array()
+                    .ok_or_else(|| err(ErrorCode::InvalidSource, ptr, format!("`{kw}` must be an array")))?;
+                let base: Map<String, Value> =
+                    map.iter().filter(|(k, _)| *k != kw).map(|(k, v)| (k.clone(), v.clone())).collect();
                 let mut alts = Vec::new();
                 for (i, b) in branches.iter().enumerate() {
                     let bptr = format!("{ptr}/{kw}/{i}");
@@ -367,7 +441,9 @@ impl<'a> Compiler<'a> {
                             self.check_keywords(m, &bptr)?;
                             self.flatten(m, &bptr, 0)?
                         }
-                        _ => return Err(err(ErrorCode::InvalidSource, &bptr, "a schema must be an object or a boolean")),
+                        _ => {
+                            return Err(err(ErrorCode::InvalidSource, &bptr, "a schema must be an object or a boolean"));
+                        }
                     };
                     let merged = merge(base.clone(), branch, &bptr)?;
                     alts.push(self.build(&merged, &bptr)?);
@@ -375,7 +451,8 @@ impl<'a> Compiler<'a> {
                 if kw == "oneOf" && !disjoint_types(branches) {
                     self.warnings.push(Warning {
                         location: format!("#{ptr}/oneOf"),
-                        message: "`oneOf` is enforced as `anyOf`: an output matching several branches is not rejected".into(),
+                        message: "`oneOf` is enforced as `anyOf`: an output matching several branches is not rejected"
+                            .into(),
                     });
                 }
                 return Ok(if alts.is_empty() { NEVER } else { self.push(Node::Union(alts)) });
@@ -390,7 +467,9 @@ impl<'a> Compiler<'a> {
         // enum / const: the literal values that also fit `type`.
         let mut values: Option<Vec<Value>> = None;
         if let Some(e) = map.get("enum") {
-            values = Some(e.as_array().ok_or_else(|| err(ErrorCode::InvalidSource, ptr, "`enum` must be an array"))?.clone());
+            values = Some(
+                e.as_array().ok_or_else(|| err(ErrorCode::InvalidSource, ptr, "`enum` must be an array"))?.clone(),
+            );
         }
         if let Some(c) = map.get("const") {
             values = Some(match values {
@@ -436,7 +515,13 @@ impl<'a> Compiler<'a> {
                 "integer" => self.number(map, ptr, true)?,
                 "boolean" => self.literal_node(&[b"true".to_vec(), b"false".to_vec()]),
                 "null" => self.literal_node(&[b"null".to_vec()]),
-                other => return Err(err(ErrorCode::InvalidSource, &format!("{ptr}/type"), format!("unknown type `{other}`"))),
+                other => {
+                    return Err(err(
+                        ErrorCode::InvalidSource,
+                        &format!("{ptr}/type"),
+                        format!("unknown type `{other}`"),
+                    ));
+                }
             });
         }
         Ok(match alts.len() {
@@ -452,12 +537,22 @@ impl<'a> Compiler<'a> {
         let mut types: Vec<String> = match map.get("type") {
             None => all.iter().map(|s| s.to_string()).collect(),
             Some(Value::String(t)) => vec![t.clone()],
-            Some(Value::Array(ts)) => ts
-                .iter()
-                .map(|t| t.as_str().map(str::to_string))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| err(ErrorCode::InvalidSource, &format!("{ptr}/type"), "`type` must be a string or an array of strings"))?,
-            Some(_) => return Err(err(ErrorCode::InvalidSource, &format!("{ptr}/type"), "`type` must be a string or an array of strings")),
+            Some(Value::Array(ts)) => {
+                ts.iter().map(|t| t.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().ok_or_else(|| {
+                    err(
+                        ErrorCode::InvalidSource,
+                        &format!("{ptr}/type"),
+                        "`type` must be a string or an array of strings",
+                    )
+                })?
+            }
+            Some(_) => {
+                return Err(err(
+                    ErrorCode::InvalidSource,
+                    &format!("{ptr}/type"),
+                    "`type` must be a string or an array of strings",
+                ));
+            }
         };
         if types.iter().any(|t| t == "number") {
             types.retain(|t| t != "integer");
@@ -470,7 +565,13 @@ impl<'a> Compiler<'a> {
         let required: Vec<String> = match map.get("required") {
             None => Vec::new(),
             Some(Value::Array(r)) => r.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
-            Some(_) => return Err(err(ErrorCode::InvalidSource, &format!("{ptr}/required"), "`required` must be an array of strings")),
+            Some(_) => {
+                return Err(err(
+                    ErrorCode::InvalidSource,
+                    &format!("{ptr}/required"),
+                    "`required` must be an array of strings",
+                ));
+            }
         };
         let id = self.push(Node::Pending);
         let additional = match map.get("additionalProperties") {
@@ -482,10 +583,18 @@ impl<'a> Compiler<'a> {
         let mut patterns: Vec<(String, Value)> = Vec::new();
         if let Some(pp) = map.get("patternProperties") {
             let pp = pp.as_object().ok_or_else(|| {
-                err(ErrorCode::InvalidSource, &format!("{ptr}/patternProperties"), "`patternProperties` must be an object")
+                err(
+                    ErrorCode::InvalidSource,
+                    &format!("{ptr}/patternProperties"),
+                    "`patternProperties` must be an object",
+                )
             })?;
             if pp.len() > 4 {
-                return Err(err(ErrorCode::Unsupported, &format!("{ptr}/patternProperties"), "more than four `patternProperties` are not supported yet"));
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    &format!("{ptr}/patternProperties"),
+                    "more than four `patternProperties` are not supported yet",
+                ));
             }
             patterns = pp.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         }
@@ -517,14 +626,22 @@ impl<'a> Compiler<'a> {
                 parts.extend(patterns.iter().zip(hits).filter(|(_, hit)| *hit).map(|((_, s), _)| s.clone()));
                 let schema = if parts.len() == 1 { parts.remove(0) } else { serde_json::json!({ "allOf": parts }) };
                 let node = self.schema_owned(&schema, &format!("{ptr}/properties/{}", escape_pointer(name)))?;
-                props.push(Prop { key: serde_json::to_vec(name).unwrap_or_default(), node, required: required.contains(name) });
+                props.push(Prop {
+                    key: serde_json::to_vec(name).unwrap_or_default(),
+                    node,
+                    required: required.contains(name),
+                });
             }
         }
         for name in &required {
             if !props.iter().any(|p| p.key == serde_json::to_vec(name).unwrap_or_default()) {
                 let subset: usize =
                     matches_name(self, name).iter().enumerate().filter(|(_, hit)| **hit).map(|(i, _)| 1 << i).sum();
-                props.push(Prop { key: serde_json::to_vec(name).unwrap_or_default(), node: pattern_nodes[subset], required: true });
+                props.push(Prop {
+                    key: serde_json::to_vec(name).unwrap_or_default(),
+                    node: pattern_nodes[subset],
+                    required: true,
+                });
             }
         }
         // A property whose schema is `false` cannot appear; a required one makes the object
@@ -538,8 +655,15 @@ impl<'a> Compiler<'a> {
         let keys = KeyTrie::build(&props);
         let min_props = u32_of(map.get("minProperties")).unwrap_or(0);
         let max_props = u32_of(map.get("maxProperties")).unwrap_or(u32::MAX);
-        self.nodes[id as usize] =
-            Node::Object(ObjectNode { props, additional, patterns: pattern_dfas, pattern_nodes, keys, min_props, max_props });
+        self.nodes[id as usize] = Node::Object(ObjectNode {
+            props,
+            additional,
+            patterns: pattern_dfas,
+            pattern_nodes,
+            keys,
+            min_props,
+            max_props,
+        });
         Ok(id)
     }
 
@@ -560,7 +684,11 @@ impl<'a> Compiler<'a> {
             Value::Object(m) => {
                 self.check_keywords(m, ptr)?;
                 if self.depth > MAX_DEPTH {
-                    return Err(err(ErrorCode::TooLarge, ptr, format!("the schema nests deeper than {MAX_DEPTH} levels")));
+                    return Err(err(
+                        ErrorCode::TooLarge,
+                        ptr,
+                        format!("the schema nests deeper than {MAX_DEPTH} levels"),
+                    ));
                 }
                 self.depth += 1;
                 let merged = self.flatten(m, ptr, 0);
@@ -644,7 +772,11 @@ impl<'a> Compiler<'a> {
             }
         }
         if sources.len() > 2 {
-            return Err(err(ErrorCode::Unsupported, ptr, "more than two patterns/formats on one string are not supported yet"));
+            return Err(err(
+                ErrorCode::Unsupported,
+                ptr,
+                "more than two patterns/formats on one string are not supported yet",
+            ));
         }
         for (p, search, at) in sources {
             patterns.push(self.dfa(&p, search, &at)?);
@@ -677,7 +809,24 @@ impl<'a> Compiler<'a> {
         let translated = ecma_to_rust(pattern);
         regex_automata::util::syntax::parse(&translated)
             .map_err(|e| err(ErrorCode::Unsupported, at, format!("pattern `{pattern}` is not supported: {e}")))?;
-        let full = if search { format!("(?s:.)*(?:{translated})(?s:.)*\\z") } else { format!("(?:{translated})\\z") };
+        // A search matches anywhere, so pad with `.*` on each side that is not anchored; an
+        // explicit `^...$` pattern needs no padding (and no look-around in the automaton).
+        let full = if search {
+            let (head, body) = match translated.strip_prefix('^') {
+                Some(rest) => ("", rest.to_string()),
+                None => ("(?s:.)*", translated.clone()),
+            };
+            let ends = body.ends_with('$') && !body.ends_with("\\$");
+            let (body, tail) = if ends { (body[..body.len() - 1].to_string(), "") } else { (body, "(?s:.)*") };
+            // Only strip when the anchors bind the whole pattern (no top-level alternation).
+            if top_level_alternation(&body) {
+                format!("(?s:.)*(?:{translated})(?s:.)*\\z")
+            } else {
+                format!("{head}(?:{body}){tail}\\z")
+            }
+        } else {
+            format!("(?:{translated})\\z")
+        };
         let dfa = dense::Builder::new()
             .configure(
                 dense::Config::new()
@@ -688,6 +837,9 @@ impl<'a> Compiler<'a> {
             )
             .build(&full)
             .map_err(|e| err(ErrorCode::TooLarge, at, format!("pattern `{pattern}` is too complex to compile: {e}")))?;
+        self.live.push(live_states(&dfa).ok_or_else(|| {
+            err(ErrorCode::TooLarge, at, format!("pattern `{pattern}` has too many automaton states"))
+        })?);
         self.dfas.push(dfa);
         let i = (self.dfas.len() - 1) as u32;
         self.dfa_cache.insert((pattern.to_string(), search), i);
@@ -736,7 +888,15 @@ fn never_map() -> Map<String, Value> {
 }
 
 fn u32_of(v: Option<&Value>) -> Option<u32> {
-    v.and_then(Value::as_f64).map(|f| if f <= 0.0 { 0 } else if f >= u32::MAX as f64 { u32::MAX } else { f.ceil() as u32 })
+    v.and_then(Value::as_f64).map(|f| {
+        if f <= 0.0 {
+            0
+        } else if f >= u32::MAX as f64 {
+            u32::MAX
+        } else {
+            f.ceil() as u32
+        }
+    })
 }
 
 /// JSON equality with numbers compared by value (1 == 1.0).
@@ -788,13 +948,20 @@ fn disjoint_types(branches: &[Value]) -> bool {
 fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<Map<String, Value>, ConstraintError> {
     // Properties declared on one side only must also satisfy the other side's
     // `additionalProperties`.
-    let a_props: Vec<String> = a.get("properties").and_then(Value::as_object).map(|m| m.keys().cloned().collect()).unwrap_or_default();
-    let b_props: Vec<String> = b.get("properties").and_then(Value::as_object).map(|m| m.keys().cloned().collect()).unwrap_or_default();
+    let a_props: Vec<String> =
+        a.get("properties").and_then(Value::as_object).map(|m| m.keys().cloned().collect()).unwrap_or_default();
+    let b_props: Vec<String> =
+        b.get("properties").and_then(Value::as_object).map(|m| m.keys().cloned().collect()).unwrap_or_default();
     let a_addl = a.get("additionalProperties").cloned();
     let b_addl = b.get("additionalProperties").cloned();
-    let positional = |m: &Map<String, Value>| m.contains_key("prefixItems") || m.get("items").is_some_and(Value::is_array);
+    let positional =
+        |m: &Map<String, Value>| m.contains_key("prefixItems") || m.get("items").is_some_and(Value::is_array);
     if (positional(&a) && b.contains_key("items")) || (positional(&b) && a.contains_key("items")) {
-        return Err(err(ErrorCode::Unsupported, ptr, "`allOf` branches mixing positional and general `items` cannot be merged yet"));
+        return Err(err(
+            ErrorCode::Unsupported,
+            ptr,
+            "`allOf` branches mixing positional and general `items` cannot be merged yet",
+        ));
     }
     for (k, vb) in b {
         let Some(va) = a.get(&k).cloned() else {
@@ -806,7 +973,11 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
         }
         let merged = match k.as_str() {
             "prefixItems" | "items" | "additionalItems" if va.is_array() || vb.is_array() || k == "prefixItems" => {
-                return Err(err(ErrorCode::Unsupported, ptr, format!("`allOf` branches with positional `{k}` cannot be merged yet")));
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    ptr,
+                    format!("`allOf` branches with positional `{k}` cannot be merged yet"),
+                ));
             }
             "properties" => {
                 let mut out = va.as_object().cloned().unwrap_or_default();
@@ -852,16 +1023,35 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
                 }
                 Value::Array(out)
             }
-            "minimum" | "minLength" | "minItems" | "minProperties" | "exclusiveMinimum" if va.is_number() && vb.is_number() => {
-                if va.as_f64() >= vb.as_f64() { va } else { vb }
+            "minimum" | "minLength" | "minItems" | "minProperties" | "exclusiveMinimum"
+                if va.is_number() && vb.is_number() =>
+            {
+                if va.as_f64() >= vb.as_f64() {
+                    va
+                } else {
+                    vb
+                }
             }
-            "maximum" | "maxLength" | "maxItems" | "maxProperties" | "exclusiveMaximum" if va.is_number() && vb.is_number() => {
-                if va.as_f64() <= vb.as_f64() { va } else { vb }
+            "maximum" | "maxLength" | "maxItems" | "maxProperties" | "exclusiveMaximum"
+                if va.is_number() && vb.is_number() =>
+            {
+                if va.as_f64() <= vb.as_f64() {
+                    va
+                } else {
+                    vb
+                }
             }
             "additionalProperties" | "items" | "additionalItems" => serde_json::json!({ "allOf": [va, vb] }),
             "enum" => {
                 let bs = vb.as_array().cloned().unwrap_or_default();
-                Value::Array(va.as_array().cloned().unwrap_or_default().into_iter().filter(|x| bs.iter().any(|y| json_eq(x, y))).collect())
+                Value::Array(
+                    va.as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|x| bs.iter().any(|y| json_eq(x, y)))
+                        .collect(),
+                )
             }
             "const" => return Ok(never_map()),
             "pattern" => {
@@ -874,11 +1064,19 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
             }
             "format" | "uniqueItems" | "multipleOf" => va,
             "anyOf" | "oneOf" => {
-                return Err(err(ErrorCode::Unsupported, ptr, format!("two `{k}` lists inside one `allOf` cannot be merged yet")));
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    ptr,
+                    format!("two `{k}` lists inside one `allOf` cannot be merged yet"),
+                ));
             }
             other if ANNOTATIONS.contains(&other) => va,
             other => {
-                return Err(err(ErrorCode::Unsupported, ptr, format!("`allOf` branches disagree on `{other}` and cannot be merged")));
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    ptr,
+                    format!("`allOf` branches disagree on `{other}` and cannot be merged"),
+                ));
             }
         };
         a.insert(k, merged);
@@ -888,7 +1086,13 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
         for (name, schema) in props.iter_mut() {
             let only_b = b_props.contains(name) && !a_props.contains(name);
             let only_a = a_props.contains(name) && !b_props.contains(name);
-            let other = if only_b { &a_addl } else if only_a { &b_addl } else { &None };
+            let other = if only_b {
+                &a_addl
+            } else if only_a {
+                &b_addl
+            } else {
+                &None
+            };
             if let Some(addl) = other
                 && !(a_props.is_empty() && only_b && a_addl.is_none())
             {
@@ -897,6 +1101,77 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
         }
     }
     Ok(a)
+}
+
+/// The states of `dfa` from which a match at the end of input is reachable (None when the
+/// automaton has more than 100,000 states).
+fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<HashMap<u32, u32>> {
+    use regex_automata::dfa::Automaton;
+    let cfg = regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes);
+    let start = dfa.start_state(&cfg).ok()?;
+    let mut seen: HashMap<u32, usize> = HashMap::new();
+    let mut order = vec![start];
+    seen.insert(start.as_u32(), 0);
+    let mut reverse: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut i = 0;
+    while i < order.len() {
+        let s = order[i];
+        for b in 0..=255u8 {
+            let n = dfa.next_state(s, b);
+            if dfa.is_dead_state(n) || dfa.is_quit_state(n) {
+                continue;
+            }
+            let j = match seen.get(&n.as_u32()) {
+                Some(&j) => j,
+                None => {
+                    if order.len() >= 100_000 {
+                        return None;
+                    }
+                    order.push(n);
+                    reverse.push(Vec::new());
+                    seen.insert(n.as_u32(), order.len() - 1);
+                    order.len() - 1
+                }
+            };
+            if !reverse[j].contains(&i) {
+                reverse[j].push(i);
+            }
+        }
+        i += 1;
+    }
+    // Breadth-first backwards from the states where input may end: distances in bytes.
+    let mut live = HashMap::new();
+    let mut queue: std::collections::VecDeque<(usize, u32)> =
+        (0..order.len()).filter(|&k| dfa.is_match_state(dfa.next_eoi_state(order[k]))).map(|k| (k, 0)).collect();
+    while let Some((k, d)) = queue.pop_front() {
+        if live.contains_key(&order[k].as_u32()) {
+            continue;
+        }
+        live.insert(order[k].as_u32(), d);
+        queue.extend(reverse[k].iter().map(|&j| (j, d + 1)));
+    }
+    Some(live)
+}
+
+/// Whether `p` has a `|` outside any group or class.
+fn top_level_alternation(p: &str) -> bool {
+    let (mut depth, mut class, mut esc) = (0i32, false, false);
+    for c in p.chars() {
+        if esc {
+            esc = false;
+            continue;
+        }
+        match c {
+            '\\' => esc = true,
+            '[' if !class => class = true,
+            ']' if class => class = false,
+            '(' if !class => depth += 1,
+            ')' if !class => depth -= 1,
+            '|' if !class && depth == 0 => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// ECMA-262 character classes that differ from Rust's: `\d` and `\w` are ASCII in ECMA.

@@ -205,6 +205,11 @@ pub struct Graph {
     pub literals: Vec<LiteralTrie>,
     /// Pattern automata (unanchored search DFAs over the string's decoded bytes).
     pub dfas: Vec<dense::DFA<Vec<u32>>>,
+    /// Per automaton, the states from which a match is still reachable, with the fewest
+    /// bytes needed to get there. A DFA state that is not dead may still be hopeless (e.g.
+    /// after `^` failed); only live states may be entered, and under `maxLength` only those
+    /// close enough to a match, so that no prefix the mask allows is a dead end.
+    pub live: Vec<std::collections::HashMap<u32, u32>>,
     /// The root.
     pub root: NodeId,
     /// Property order.
@@ -212,6 +217,18 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// Whether state `st` of automaton `p` can still reach a match.
+    #[inline]
+    pub fn live(&self, p: u32, st: u32) -> bool {
+        self.live[p as usize].contains_key(&st)
+    }
+
+    /// The fewest bytes from state `st` of automaton `p` to a match, if one is reachable.
+    #[inline]
+    pub fn distance(&self, p: u32, st: u32) -> Option<u32> {
+        self.live[p as usize].get(&st).copied()
+    }
+
     /// The node `id`.
     #[inline]
     pub fn node(&self, id: NodeId) -> &Node {

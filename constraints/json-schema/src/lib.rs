@@ -48,7 +48,9 @@ pub fn parse_options(options: &str) -> Result<(PropertyOrder, Option<String>), C
     for (k, v) in map {
         match (k.as_str(), v.as_str()) {
             ("draft", Some(d @ ("4" | "6" | "7" | "2019-09" | "2020-12"))) => draft = Some(d.to_string()),
-            ("draft", _) => return Err(bad("`draft` must be one of \"4\", \"6\", \"7\", \"2019-09\", \"2020-12\"".into())),
+            ("draft", _) => {
+                return Err(bad("`draft` must be one of \"4\", \"6\", \"7\", \"2019-09\", \"2020-12\"".into()));
+            }
             ("property_order", Some("schema")) => order = PropertyOrder::Schema,
             ("property_order", Some("any")) => order = PropertyOrder::Any,
             ("property_order", _) => return Err(bad("`property_order` must be \"schema\" or \"any\"".into())),

@@ -42,10 +42,16 @@ const NUM_EXP: u8 = 8;
 /// A string's escape/UTF-8 progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Chars {
-    /// 0: plain; 1: after `\`; 2..=5: that many hex digits of `\u` still to read.
+    /// 0: plain; 1: after `\`; 2..=5: that many hex digits of `\u` still to read, plus one;
+    /// 6: a high surrogate was read, `\` must follow; 7: then `u`.
     esc: u8,
     /// UTF-8 continuation bytes still expected.
     utf8: u8,
+    /// The allowed range of the next continuation byte when it is not 0x80..=0xBF (Unicode
+    /// table 3-7): 1: A0..BF, 2: 80..9F, 3: 90..BF, 4: 80..8F.
+    first: u8,
+    /// The `\u` escape being read must be a low surrogate (DC00..DFFF).
+    low: bool,
     /// The `\u` code unit read so far.
     hex: u16,
 }
@@ -118,7 +124,7 @@ thread_local! {
 
 /// Per string node and pattern-automaton states: the escape-free content tokens that keep
 /// every pattern alive. Bounded; cleared when full.
-pub type PatternClassCache = Mutex<HashMap<(NodeId, [u32; 2]), Arc<TokenSet>>>;
+pub type PatternClassCache = Mutex<HashMap<(NodeId, [u32; 2], u32), Arc<TokenSet>>>;
 
 /// A compiled schema as a [`Recognizer`].
 pub struct SchemaRecognizer {
@@ -132,30 +138,40 @@ impl SchemaRecognizer {
         Self { graph, pattern_classes: Mutex::new(HashMap::new()) }
     }
 
-    /// The escape-free content tokens (from `candidates`) that keep the patterns of string
-    /// `node` alive from automaton states `dfa`; cached.
+    /// The escape-free content tokens (from `candidates`, with `chars[t]` characters each)
+    /// that keep the patterns of string `node` alive from automaton states `dfa` with `left`
+    /// characters of room (`u32::MAX`: no `maxLength`); cached.
     pub(crate) fn pattern_class(
         &self,
         node: NodeId,
         dfa: [u32; 2],
+        left: u32,
         candidates: &TokenSet,
+        chars: &[u8],
         table: &TokenTable,
     ) -> Arc<TokenSet> {
         let mut cache = self.pattern_classes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = cache.get(&(node, dfa)) {
+        if let Some(c) = cache.get(&(node, dfa, left)) {
             return c.clone();
         }
         let Node::String(s) = self.graph.node(node) else { return Arc::new(TokenSet::new(candidates.len())) };
         let mut out = TokenSet::new(candidates.len());
         'tokens: for t in candidates.iter() {
+            let c = chars[t as usize] as u32;
+            if c > left {
+                continue;
+            }
             for (k, &p) in s.patterns.iter().enumerate().take(2) {
                 let d = &self.graph.dfas[p as usize];
                 let mut st = StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO);
                 for &b in table.token_bytes(t) {
                     st = d.next_state(st, b);
-                    if d.is_dead_state(st) {
+                    if !self.graph.live(p, st.as_u32()) {
                         continue 'tokens;
                     }
+                }
+                if left != u32::MAX && self.graph.distance(p, st.as_u32()).is_none_or(|d| c + d > left) {
+                    continue 'tokens;
                 }
             }
             out.insert(t);
@@ -164,7 +180,7 @@ impl SchemaRecognizer {
         if cache.len() >= 4096 {
             cache.clear();
         }
-        cache.insert((node, dfa), out.clone());
+        cache.insert((node, dfa, left), out.clone());
         out
     }
 
@@ -203,7 +219,7 @@ impl SchemaRecognizer {
                         stack.push(Frame::Value(pending));
                         out.push(stack);
                     }
-                    (OBJ_VALUE, b',') if count < o.max_props => {
+                    (OBJ_VALUE, b',') if count < o.max_props && self.key_possible(node, next, seen) => {
                         stack.push(Frame::Obj { node, phase: OBJ_COMMA, next, seen, count, pending });
                         out.push(stack);
                     }
@@ -228,7 +244,12 @@ impl SchemaRecognizer {
                                 dfa[k] = self.dfa_start(p);
                             }
                             stack.push(base);
-                            stack.push(Frame::FreeKey { obj: node, trie: o.keys.child(0, b'"'), chars: Chars::default(), dfa });
+                            stack.push(Frame::FreeKey {
+                                obj: node,
+                                trie: o.keys.child(0, b'"'),
+                                chars: Chars::default(),
+                                dfa,
+                            });
                             out.push(stack);
                         }
                     }
@@ -293,7 +314,7 @@ impl SchemaRecognizer {
                     let d = &g.dfas[p as usize];
                     let st = d.next_state(StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO), b);
                     dfa[k] = st.as_u32();
-                    live |= !d.is_dead_state(st);
+                    live |= g.live(p, st.as_u32());
                 }
                 // With `additionalProperties: false` the key must still be able to match a pattern.
                 if o.additional == crate::graph::NEVER && !live {
@@ -338,17 +359,32 @@ impl SchemaRecognizer {
                 // Feed the decoded bytes to the pattern automata.
                 let mut dfa = dfa;
                 if !s.patterns.is_empty() {
+                    // Under a pattern, `\u` escapes are not written (their digits would decide
+                    // too late whether the pattern survives), and `\` only when some simple
+                    // escape keeps every pattern alive.
+                    if chars.esc == 1 && b == b'u' {
+                        return;
+                    }
+                    if free && b == b'\\' && !self.some_escape_survives(&s.patterns, dfa) {
+                        return;
+                    }
                     let decoded = decoded_bytes(chars, next_chars, b);
                     for (k, &p) in s.patterns.iter().enumerate().take(2) {
                         let d = &g.dfas[p as usize];
                         let mut st = StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO);
                         for &db in decoded.as_slice() {
                             st = d.next_state(st, db);
-                            if d.is_dead_state(st) {
+                            if !g.live(p, st.as_u32()) {
                                 return;
                             }
                         }
                         dfa[k] = st.as_u32();
+                        // Under `maxLength`, the pattern must be completable in the room left.
+                        if s.max_len != u32::MAX
+                            && g.distance(p, st.as_u32()).is_none_or(|d| len.saturating_add(d) > s.max_len)
+                        {
+                            return;
+                        }
                     }
                 }
                 let len = if s.min_len > 0 || s.max_len < u32::MAX { len } else { 0 };
@@ -422,7 +458,15 @@ impl SchemaRecognizer {
                 }
             }
             Node::Number(_) => {
-                stack.push(Frame::Num { node, phase: NUM_START, neg: false, value: 0, frac: 0, exp: 0, exp_neg: false });
+                stack.push(Frame::Num {
+                    node,
+                    phase: NUM_START,
+                    neg: false,
+                    value: 0,
+                    frac: 0,
+                    exp: 0,
+                    exp_neg: false,
+                });
                 self.step(stack, b, out, depth + 1);
             }
             Node::Literals(set) => {
@@ -430,6 +474,18 @@ impl SchemaRecognizer {
                 self.step(stack, b, out, depth + 1);
             }
         }
+    }
+
+    /// Whether one of the simple escapes (`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`)
+    /// keeps every pattern alive from `dfa`.
+    fn some_escape_survives(&self, patterns: &[u32], dfa: [u32; 2]) -> bool {
+        [b'"', b'\\', b'/', 0x08, 0x0C, b'\n', b'\r', b'\t'].iter().any(|&byte| {
+            patterns.iter().enumerate().take(2).all(|(k, &p)| {
+                let d = &self.graph.dfas[p as usize];
+                let st = d.next_state(StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO), byte);
+                self.graph.live(p, st.as_u32())
+            })
+        })
     }
 
     /// The anchored start state of pattern automaton `p`.
@@ -466,6 +522,16 @@ impl SchemaRecognizer {
         o.keys.below[t as usize].iter().any(|&i| {
             i >= lo && i <= hi && (i >= 64 || seen & (1 << i) == 0) && o.props[i as usize].node != crate::graph::NEVER
         })
+    }
+
+    /// Whether any key may come now (so that a `,` is not a dead end).
+    fn key_possible(&self, node: NodeId, next: u16, seen: u64) -> bool {
+        let Node::Object(o) = self.graph.node(node) else { return false };
+        let (lo, hi) = self.key_window(node, next, seen);
+        let declared = lo <= hi && o.keys.child(0, b'"').is_some_and(|t| self.key_reachable(node, t, lo, hi, seen));
+        declared
+            || ((o.additional != crate::graph::NEVER || !o.patterns.is_empty())
+                && self.additional_allowed(node, next, seen))
     }
 
     /// Whether an undeclared key may come now.
@@ -533,11 +599,7 @@ impl SchemaRecognizer {
         // Pruning: a positive number only grows with more integer digits, a negative one
         // only shrinks; once past a bound there is no way back.
         let over = |v: f64| {
-            if neg {
-                n.min.is_some_and(|(m, _)| -v < m)
-            } else {
-                n.max.is_some_and(|(m, _)| v > m)
-            }
+            if neg { n.min.is_some_and(|(m, _)| -v < m) } else { n.max.is_some_and(|(m, _)| v > m) }
         };
         match (phase, b) {
             (NUM_START, b'-') => {
@@ -656,26 +718,54 @@ pub(crate) fn advance_chars(c: Chars, b: u8) -> Option<Chars> {
     match c.esc {
         1 => match b {
             b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(Chars::default()),
-            b'u' => Some(Chars { esc: 5, utf8: 0, hex: 0 }),
+            b'u' => Some(Chars { esc: 5, hex: 0, ..Chars::default() }),
             _ => None,
         },
+        6 => (b == b'\\').then_some(Chars { esc: 7, ..c }),
+        7 => (b == b'u').then_some(Chars { esc: 5, hex: 0, low: true, ..Chars::default() }),
         2..=5 => {
             let h = (b as char).to_digit(16)? as u16;
             let hex = c.hex << 4 | h;
-            Some(if c.esc == 2 { Chars::default() } else { Chars { esc: c.esc - 1, utf8: 0, hex } })
+            // Surrogates (D800..DFFF) only as a high-low pair, decided by the first two digits
+            // so that no prefix is a dead end.
+            match c.esc {
+                5 if c.low && h != 0xD => return None,
+                4 if c.low && !(0xC..=0xF).contains(&h) => return None,
+                4 if !c.low && hex >> 4 == 0xD && h >= 0xC => return None,
+                _ => {}
+            }
+            if c.esc > 2 {
+                return Some(Chars { esc: c.esc - 1, hex, ..c });
+            }
+            if !c.low && (0xD800..=0xDBFF).contains(&hex) {
+                return Some(Chars { esc: 6, hex, ..Chars::default() });
+            }
+            Some(Chars::default())
         }
         _ => {
             if c.utf8 > 0 {
-                return (b & 0xC0 == 0x80).then_some(Chars { utf8: c.utf8 - 1, ..c });
+                let ok = match c.first {
+                    1 => (0xA0..=0xBF).contains(&b),
+                    2 => (0x80..=0x9F).contains(&b),
+                    3 => (0x90..=0xBF).contains(&b),
+                    4 => (0x80..=0x8F).contains(&b),
+                    _ => (0x80..=0xBF).contains(&b),
+                };
+                return ok.then_some(Chars { utf8: c.utf8 - 1, first: 0, ..c });
             }
+            let lead = |n: u8, first: u8| Some(Chars { utf8: n, first, ..c });
             match b {
                 b'\\' => Some(Chars { esc: 1, ..c }),
                 b'"' => None,
                 0x00..=0x1F => None,
                 0x20..=0x7F => Some(c),
-                0xC2..=0xDF => Some(Chars { utf8: 1, ..c }),
-                0xE0..=0xEF => Some(Chars { utf8: 2, ..c }),
-                0xF0..=0xF4 => Some(Chars { utf8: 3, ..c }),
+                0xC2..=0xDF => lead(1, 0),
+                0xE0 => lead(2, 1),
+                0xED => lead(2, 2),
+                0xE1..=0xEF => lead(2, 0),
+                0xF0 => lead(3, 3),
+                0xF4 => lead(3, 4),
+                0xF1..=0xF3 => lead(3, 0),
                 _ => None,
             }
         }
@@ -724,13 +814,15 @@ fn decoded_bytes(before: Chars, after: Chars, b: u8) -> Decoded {
             d.len = 1;
         }
         2 => {
+            // A high surrogate waits for its pair; the pair is given to patterns as U+FFFD.
             let unit = (before.hex << 4) | (b as char).to_digit(16).unwrap_or(0) as u16;
-            let ch = char::from_u32(unit as u32).unwrap_or('\u{FFFD}');
-            d.len = ch.encode_utf8(&mut d.buf).len();
+            if after.esc != 6 {
+                let ch = char::from_u32(unit as u32).unwrap_or('\u{FFFD}');
+                d.len = ch.encode_utf8(&mut d.buf).len();
+            }
         }
         _ => {}
     }
-    let _ = after;
     d
 }
 

@@ -28,6 +28,8 @@ pub struct StringSets {
     by_len: Vec<TokenSet>,
     /// Escape-free content tokens of more than 16 characters.
     long: Vec<(u32, u32)>,
+    /// Characters per token (content tokens; saturating at 255).
+    chars: Vec<u8>,
 }
 
 impl StringSets {
@@ -41,6 +43,7 @@ impl StringSets {
             closing_noesc: Vec::new(),
             by_len: (0..=16).map(|_| TokenSet::new(n)).collect(),
             long: Vec::new(),
+            chars: vec![0; n],
         };
         for id in 0..n as u32 {
             if table.is_special(id) {
@@ -79,6 +82,7 @@ impl StringSets {
                 }
                 (true, true, true) => s.closing.push(id),
                 (true, false, false) => {
+                    s.chars[id as usize] = chars.min(255) as u8;
                     s.content.insert(id);
                     s.content_noesc.insert(id);
                     if chars as usize <= 16 {
@@ -181,18 +185,19 @@ fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut
                 check(set, &sets.closing);
                 return;
             }
-            // Escape-free content that keeps every pattern alive, then cut to the length left.
-            let alive = if s.patterns.is_empty() { None } else { Some(rec.pattern_class(*node, *dfa, &sets.content_noesc, table)) };
-            let base = alive.as_deref().unwrap_or(&sets.content_noesc);
-            if s.max_len == u32::MAX {
-                or_into(set, base);
+            // Escape-free content that keeps every pattern alive (and completable in the room
+            // left), else cut to the length left by character counts.
+            let left = if s.max_len == u32::MAX { u32::MAX } else { s.max_len.saturating_sub(*len) };
+            if !s.patterns.is_empty() {
+                or_into(set, &rec.pattern_class(*node, *dfa, left, &sets.content_noesc, &sets.chars, table));
+            } else if left == u32::MAX {
+                or_into(set, &sets.content_noesc);
             } else {
-                let left = s.max_len.saturating_sub(*len);
                 for c in 1..=left.min(16) as usize {
-                    and_or_into(set, base, &sets.by_len[c]);
+                    or_into(set, &sets.by_len[c]);
                 }
                 for &(t, c) in &sets.long {
-                    if c <= left && base.contains(t) {
+                    if c <= left {
                         set.insert(t);
                     }
                 }
@@ -211,11 +216,5 @@ fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut
 fn or_into(set: &mut TokenSet, bits: &TokenSet) {
     for (w, b) in set.words_mut().iter_mut().zip(bits.words()) {
         *w |= *b;
-    }
-}
-
-fn and_or_into(set: &mut TokenSet, a: &TokenSet, b: &TokenSet) {
-    for ((w, x), y) in set.words_mut().iter_mut().zip(a.words()).zip(b.words()) {
-        *w |= *x & *y;
     }
 }

@@ -6,8 +6,29 @@ use dspark_plugin_json_schema::compile_recognizer;
 fn table() -> TokenTable {
     let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
     for t in [
-        "\"", "\",", "\"}", "\":", "\"]", "abc", "ab\"", "\\n", "\\\"", "\\u00e9", "\\", "é", "\u{1F600}", " the", "ABC",
-        "1234", "a1", "\",\"", "\"},{\"", "name", "name\"", "zzzzzzzzzzzzzzzzzzzz", "ab\\",
+        "\"",
+        "\",",
+        "\"}",
+        "\":",
+        "\"]",
+        "abc",
+        "ab\"",
+        "\\n",
+        "\\\"",
+        "\\u00e9",
+        "\\",
+        "é",
+        "\u{1F600}",
+        " the",
+        "ABC",
+        "1234",
+        "a1",
+        "\",\"",
+        "\"},{\"",
+        "name",
+        "name\"",
+        "zzzzzzzzzzzzzzzzzzzz",
+        "ab\\",
     ] {
         tokens.push(t.as_bytes().to_vec());
     }
@@ -23,7 +44,8 @@ fn compare(schema: &str, options: &str, prefix: &str) {
     let (rec, _) = compile_recognizer("json-schema", schema, options).unwrap();
     let mut state = rec.start();
     for b in prefix.bytes() {
-        state = rec.advance(&state, b).unwrap_or_else(|| panic!("{schema}: prefix {prefix:?} rejected at {:?}", b as char));
+        state =
+            rec.advance(&state, b).unwrap_or_else(|| panic!("{schema}: prefix {prefix:?} rejected at {:?}", b as char));
     }
     let n = table.vocab_size();
     let mut fast = TokenSet::new(n);
@@ -32,7 +54,10 @@ fn compare(schema: &str, options: &str, prefix: &str) {
     table.trie().walk(&state, &mut Vec::new(), |s, b| rec.advance(s, b), |t| slow.insert(t));
     let only_fast: Vec<u32> = fast.iter().filter(|t| !slow.contains(*t)).collect();
     let only_slow: Vec<u32> = slow.iter().filter(|t| !fast.contains(*t)).collect();
-    assert!(only_fast.is_empty() && only_slow.is_empty(), "{schema} {prefix:?}: fast-only {only_fast:?}, walk-only {only_slow:?}");
+    assert!(
+        only_fast.is_empty() && only_slow.is_empty(),
+        "{schema} {prefix:?}: fast-only {only_fast:?}, walk-only {only_slow:?}"
+    );
     assert!(fast.count() > 0);
 }
 

@@ -19,24 +19,54 @@ fn objects_in_schema_order_with_required_and_additional() {
         s,
         "{}",
         &[r#"{"id":1,"name":"a"}"#, r#"{"id":-12,"name":"","tag":"x"}"#],
-        &[r#"{"name":"a","id":1}"#, r#"{"id":1}"#, r#"{"id":1,"name":"a","x":1}"#, r#"{"id":1.5,"name":"a"}"#, r#"{"id":01,"name":"a"}"#],
+        &[
+            r#"{"name":"a","id":1}"#,
+            r#"{"id":1}"#,
+            r#"{"id":1,"name":"a","x":1}"#,
+            r#"{"id":1.5,"name":"a"}"#,
+            r#"{"id":01,"name":"a"}"#,
+        ],
     );
-    check(s, r#"{"property_order":"any"}"#, &[r#"{"name":"a","id":1}"#, r#"{"tag":"t","id":1,"name":"a"}"#], &[r#"{"id":1,"id":2,"name":"a"}"#]);
+    check(
+        s,
+        r#"{"property_order":"any"}"#,
+        &[r#"{"name":"a","id":1}"#, r#"{"tag":"t","id":1,"name":"a"}"#],
+        &[r#"{"id":1,"id":2,"name":"a"}"#],
+    );
     let open = r#"{"type":"object","properties":{"a":{"type":"boolean"}},"required":["a"]}"#;
     check(open, "{}", &[r#"{"a":true,"b":[1,{"c":null}]}"#], &[r#"{"a":true,"a":false}"#, r#"{"b":1,"a":true}"#]);
 }
 
 #[test]
 fn arrays_strings_numbers_and_literals() {
-    check(r#"{"type":"array","items":{"type":"integer","minimum":1,"maximum":10},"minItems":1,"maxItems":3}"#, "{}",
-        &["[1]", "[10,2,3]"], &["[]", "[0]", "[11]", "[1,2,3,4]", "[1,]"]);
-    check(r#"{"type":"string","minLength":2,"maxLength":3}"#, "{}", &[r#""ab""#, r#""abc""#, r#""é\n""#], &[r#""a""#, r#""abcd""#]);
+    check(
+        r#"{"type":"array","items":{"type":"integer","minimum":1,"maximum":10},"minItems":1,"maxItems":3}"#,
+        "{}",
+        &["[1]", "[10,2,3]"],
+        &["[]", "[0]", "[11]", "[1,2,3,4]", "[1,]"],
+    );
+    check(
+        r#"{"type":"string","minLength":2,"maxLength":3}"#,
+        "{}",
+        &[r#""ab""#, r#""abc""#, r#""é\n""#],
+        &[r#""a""#, r#""abcd""#],
+    );
     check(r#"{"type":"string","pattern":"^[a-z]+\\d$"}"#, "{}", &[r#""abc1""#], &[r#""abc""#, r#""1abc1""#]);
     check(r#"{"type":"string","pattern":"o"}"#, "{}", &[r#""foo""#, r#""o""#], &[r#""bar""#]);
     check(r#"{"type":"string","format":"date"}"#, "{}", &[r#""2024-02-29""#], &[r#""2024-13-01""#]);
-    check(r#"{"type":"number","exclusiveMinimum":0,"maximum":1.5}"#, "{}", &["0.5", "1.5", "1"], &["0", "-1", "1.6", "2"]);
+    check(
+        r#"{"type":"number","exclusiveMinimum":0,"maximum":1.5}"#,
+        "{}",
+        &["0.5", "1.5", "1"],
+        &["0", "-1", "1.6", "2"],
+    );
     check(r#"{"type":"integer","multipleOf":3}"#, "{}", &["0", "9", "-3"], &["4", "1.5"]);
-    check(r#"{"enum":["red","green",1,null,{"a":[1]}]}"#, "{}", &[r#""red""#, "1", "null", r#"{"a":[1]}"#], &[r#""blue""#, "2", "10"]);
+    check(
+        r#"{"enum":["red","green",1,null,{"a":[1]}]}"#,
+        "{}",
+        &[r#""red""#, "1", "null", r#"{"a":[1]}"#],
+        &[r#""blue""#, "2", "10"],
+    );
     check(r#"{"const":true}"#, "{}", &["true"], &["false"]);
     check(r#"{"type":["string","null"]}"#, "{}", &["null", r#""x""#], &["1"]);
 }

@@ -68,7 +68,10 @@ fn run(draft: &str) -> Counts {
                 }
                 if valid != accepted {
                     let name = f.file_name().unwrap().to_string_lossy();
-                    c.failures.push(format!("{name}: {} / {} (valid={valid}): {schema} {doc}", g["description"], t["description"]));
+                    c.failures.push(format!(
+                        "{name}: {} / {} (valid={valid}): {schema} {doc}",
+                        g["description"], t["description"]
+                    ));
                 }
             }
         }
@@ -80,7 +83,13 @@ fn report(draft: &str) -> Counts {
     let c = run(draft);
     println!(
         "{draft}: groups {} compiled {} | valid accepted {} rejected {} | invalid rejected {} accepted {} (+{} under a warning)",
-        c.groups, c.compiled, c.valid_accepted, c.valid_rejected, c.invalid_rejected, c.invalid_accepted, c.invalid_accepted_warned
+        c.groups,
+        c.compiled,
+        c.valid_accepted,
+        c.valid_rejected,
+        c.invalid_rejected,
+        c.invalid_accepted,
+        c.invalid_accepted_warned
     );
     println!("  compile errors: {:?}", c.errors);
     for f in &c.failures {

@@ -79,7 +79,9 @@ fn cause(e: &PluginError) -> String {
                 format!("{}: {short}", error.code.as_str())
             }
         }
-        PluginError::Trap { message, call, .. } => format!("trap in {call}: {}", message.chars().take(48).collect::<String>()),
+        PluginError::Trap { message, call, .. } => {
+            format!("trap in {call}: {}", message.chars().take(48).collect::<String>())
+        }
         other => format!("{other}").chars().take(60).collect(),
     }
 }
@@ -250,7 +252,12 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         println!("compile errors     {}", serde_json::to_string(&report["compile_errors"])?);
         println!("walk errors        {}", serde_json::to_string(&report["walk_errors"])?);
         let valid = s.valid_accepted + s.valid_rejected;
-        println!("valid instances    accepted {} rejected {} ({:.2}% accepted)", s.valid_accepted, s.valid_rejected, pct(s.valid_accepted, valid));
+        println!(
+            "valid instances    accepted {} rejected {} ({:.2}% accepted)",
+            s.valid_accepted,
+            s.valid_rejected,
+            pct(s.valid_accepted, valid)
+        );
         println!("invalid instances  rejected {} accepted {}", s.invalid_rejected, s.invalid_accepted);
         println!("compile ms         {}", serde_json::to_string(&report["compile_ms"])?);
         println!("mask µs            {}", serde_json::to_string(&report["mask_us"])?);
