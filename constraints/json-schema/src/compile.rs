@@ -26,8 +26,8 @@ use serde_json::{Map, Value};
 
 use crate::formats;
 use crate::graph::{
-    ANY, ArrayNode, Graph, KeyTrie, LiteralTrie, NEVER, Node, NodeId, NumberNode, ObjectNode, Prop, PropertyOrder,
-    StringNode,
+    ANY, ArrayNode, Graph, KeyTrie, LiteralTrie, LiveTable, NEVER, Node, NodeId, NumberNode, ObjectNode, Prop,
+    PropertyOrder, StringNode,
 };
 
 /// Size limits that keep a hostile schema from exhausting the sandbox.
@@ -129,12 +129,15 @@ pub struct Compiler<'a> {
     nodes: Vec<Node>,
     literals: Vec<LiteralTrie>,
     dfas: Vec<dense::DFA<Vec<u32>>>,
-    live: Vec<HashMap<u32, u32>>,
+    live: Vec<LiveTable>,
     dfa_cache: HashMap<(String, bool), u32>,
     refs: HashMap<String, NodeId>,
     anchors: HashMap<String, String>,
     /// Drafts 4-7: `$ref` siblings are ignored.
     legacy_ref: bool,
+    /// `$ref` targets waiting to be compiled: (node, pointer). Compiling them from a
+    /// worklist, not recursively, keeps long reference chains off the stack.
+    queue: Vec<(NodeId, String)>,
     /// Warnings, with the pointer they apply to.
     pub warnings: Vec<Warning>,
     depth: usize,
@@ -166,6 +169,7 @@ impl<'a> Compiler<'a> {
                     .is_some_and(|s| s.contains("draft-04") || s.contains("draft-06") || s.contains("draft-07")),
             },
             warnings: Vec::new(),
+            queue: Vec::new(),
             depth: 0,
         };
         c.collect_anchors(root, String::new(), 0);
@@ -176,6 +180,18 @@ impl<'a> Compiler<'a> {
     /// Compiles the document into a graph.
     pub fn compile(mut self, order: PropertyOrder) -> Result<(Graph, Vec<Warning>), ConstraintError> {
         let root = self.schema(self.root, "")?;
+        while let Some((id, tptr)) = self.queue.pop() {
+            let target = self.root.pointer(&tptr).unwrap_or(&Value::Bool(false));
+            let built = self.schema(target, &tptr)?;
+            self.nodes[id as usize] = Node::Union(vec![built]);
+        }
+        if !self.productive(root) {
+            return Err(err(
+                ErrorCode::InvalidSource,
+                "",
+                "the schema admits no value (a circular `$ref` with no base case, or contradictory keywords)",
+            ));
+        }
         Ok((
             Graph { nodes: self.nodes, literals: self.literals, dfas: self.dfas, live: self.live, root, order },
             self.warnings,
@@ -330,20 +346,42 @@ impl<'a> Compiler<'a> {
         self.build(&merged, ptr)
     }
 
-    /// The node of a `$ref` target, compiled once; a cycle reuses the node under construction.
+    /// The node of a `$ref` target: one node per target, compiled later from the queue, so
+    /// cycles are graph cycles.
     fn reference(&mut self, r: &str, ptr: &str) -> Result<NodeId, ConstraintError> {
-        let (target, tptr) = self.resolve(r, ptr)?;
+        let (_, tptr) = self.resolve(r, ptr)?;
         if let Some(&id) = self.refs.get(&tptr) {
             return Ok(id);
         }
         let id = self.push(Node::Pending);
         self.refs.insert(tptr.clone(), id);
-        let built = self.schema(target, &tptr)?;
-        if built == id {
-            return Err(err(ErrorCode::InvalidSource, ptr, format!("`$ref` `{r}` refers to itself with no base case")));
-        }
-        self.nodes[id as usize] = Node::Union(vec![built]);
+        self.queue.push((id, tptr));
         Ok(id)
+    }
+
+    /// Whether `root` admits some value: a union is productive when one of its branches is.
+    fn productive(&self, root: NodeId) -> bool {
+        let n = self.nodes.len();
+        let mut good = vec![false; n];
+        for (i, node) in self.nodes.iter().enumerate() {
+            good[i] = !matches!(node, Node::Never | Node::Pending | Node::Union(_));
+        }
+        loop {
+            let mut changed = false;
+            for (i, node) in self.nodes.iter().enumerate() {
+                if !good[i]
+                    && let Node::Union(alts) = node
+                    && alts.iter().any(|&a| good[a as usize])
+                {
+                    good[i] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        good[root as usize]
     }
 
     fn check_keywords(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<(), ConstraintError> {
@@ -442,7 +480,11 @@ impl<'a> Compiler<'a> {
                             self.flatten(m, &bptr, 0)?
                         }
                         _ => {
-                            return Err(err(ErrorCode::InvalidSource, &bptr, "a schema must be an object or a boolean"));
+                            return Err(err(
+                                ErrorCode::InvalidSource,
+                                &bptr,
+                                "a schema must be an object or a boolean",
+                            ));
                         }
                     };
                     let merged = merge(base.clone(), branch, &bptr)?;
@@ -1105,7 +1147,7 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
 
 /// The states of `dfa` from which a match at the end of input is reachable (None when the
 /// automaton has more than 100,000 states).
-fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<HashMap<u32, u32>> {
+fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<LiveTable> {
     use regex_automata::dfa::Automaton;
     let cfg = regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes);
     let start = dfa.start_state(&cfg).ok()?;
@@ -1140,17 +1182,20 @@ fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<HashMap<u32, u32>> {
         i += 1;
     }
     // Breadth-first backwards from the states where input may end: distances in bytes.
-    let mut live = HashMap::new();
+    let stride2 = dfa.stride2();
+    let max_index = order.iter().map(|s| s.as_usize() >> stride2).max().unwrap_or(0);
+    let mut dist = vec![u32::MAX; max_index + 1];
     let mut queue: std::collections::VecDeque<(usize, u32)> =
         (0..order.len()).filter(|&k| dfa.is_match_state(dfa.next_eoi_state(order[k]))).map(|k| (k, 0)).collect();
     while let Some((k, d)) = queue.pop_front() {
-        if live.contains_key(&order[k].as_u32()) {
+        let slot = &mut dist[order[k].as_usize() >> stride2];
+        if *slot != u32::MAX {
             continue;
         }
-        live.insert(order[k].as_u32(), d);
+        *slot = d;
         queue.extend(reverse[k].iter().map(|&j| (j, d + 1)));
     }
-    Some(live)
+    Some(LiveTable { stride2, dist })
 }
 
 /// Whether `p` has a `|` outside any group or class.

@@ -186,6 +186,15 @@ impl LiteralTrie {
     }
 }
 
+/// Distances to a match by automaton state index (`u32::MAX`: no match reachable).
+#[derive(Debug, Clone)]
+pub struct LiveTable {
+    /// State ids are premultiplied by `1 << stride2`.
+    pub stride2: usize,
+    /// By state index.
+    pub dist: Vec<u32>,
+}
+
 /// How properties may be ordered in the output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PropertyOrder {
@@ -209,7 +218,7 @@ pub struct Graph {
     /// bytes needed to get there. A DFA state that is not dead may still be hopeless (e.g.
     /// after `^` failed); only live states may be entered, and under `maxLength` only those
     /// close enough to a match, so that no prefix the mask allows is a dead end.
-    pub live: Vec<std::collections::HashMap<u32, u32>>,
+    pub live: Vec<LiveTable>,
     /// The root.
     pub root: NodeId,
     /// Property order.
@@ -220,13 +229,14 @@ impl Graph {
     /// Whether state `st` of automaton `p` can still reach a match.
     #[inline]
     pub fn live(&self, p: u32, st: u32) -> bool {
-        self.live[p as usize].contains_key(&st)
+        self.distance(p, st).is_some()
     }
 
     /// The fewest bytes from state `st` of automaton `p` to a match, if one is reachable.
     #[inline]
     pub fn distance(&self, p: u32, st: u32) -> Option<u32> {
-        self.live[p as usize].get(&st).copied()
+        let t = &self.live[p as usize];
+        t.dist.get((st as usize) >> t.stride2).copied().filter(|&d| d != u32::MAX)
     }
 
     /// The node `id`.

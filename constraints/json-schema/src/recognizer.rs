@@ -56,6 +56,14 @@ pub struct Chars {
     hex: u16,
 }
 
+/// The state of a content-class walk: string escapes/UTF-8, automaton states, characters.
+#[derive(Clone, Copy)]
+struct ClassWalk {
+    chars: Chars,
+    dfa: [u32; 4],
+    count: u32,
+}
+
 /// One level of the parse stack.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Frame {
@@ -122,9 +130,23 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<Config>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Per string node and pattern-automaton states: the escape-free content tokens that keep
-/// every pattern alive. Bounded; cleared when full.
-pub type PatternClassCache = Mutex<HashMap<(NodeId, [u32; 2], u32), Arc<TokenSet>>>;
+/// What decides which escape-free content tokens a string or key state allows: the pattern
+/// automata and their states, whether all patterns must stay alive (a string) or any (a key
+/// with `additionalProperties: false`), and the characters of room left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClassKey {
+    /// (automaton, state) pairs; `n` of them are used.
+    pub patterns: [(u32, u32); 4],
+    /// How many of `patterns` are used.
+    pub n: u8,
+    /// Any pattern alive suffices (keys) rather than all (strings).
+    pub any: bool,
+    /// Characters of room left (`u32::MAX`: unbounded).
+    pub left: u32,
+}
+
+/// Content-token classes by [`ClassKey`]. Bounded; cleared when full.
+pub type PatternClassCache = Mutex<HashMap<ClassKey, Arc<TokenSet>>>;
 
 /// A compiled schema as a [`Recognizer`].
 pub struct SchemaRecognizer {
@@ -138,49 +160,57 @@ impl SchemaRecognizer {
         Self { graph, pattern_classes: Mutex::new(HashMap::new()) }
     }
 
-    /// The escape-free content tokens (from `candidates`, with `chars[t]` characters each)
-    /// that keep the patterns of string `node` alive from automaton states `dfa` with `left`
-    /// characters of room (`u32::MAX`: no `maxLength`); cached.
-    pub(crate) fn pattern_class(
-        &self,
-        node: NodeId,
-        dfa: [u32; 2],
-        left: u32,
-        candidates: &TokenSet,
-        chars: &[u8],
-        table: &TokenTable,
-    ) -> Arc<TokenSet> {
-        let mut cache = self.pattern_classes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = cache.get(&(node, dfa, left)) {
+    /// The escape-free content tokens allowed by `key`, found by walking the token trie with
+    /// the automata (dead prefixes prune whole subtrees); cached.
+    pub(crate) fn content_class(&self, key: ClassKey, table: &TokenTable) -> Arc<TokenSet> {
+        if let Some(c) = self.pattern_classes.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return c.clone();
         }
-        let Node::String(s) = self.graph.node(node) else { return Arc::new(TokenSet::new(candidates.len())) };
-        let mut out = TokenSet::new(candidates.len());
-        'tokens: for t in candidates.iter() {
-            let c = chars[t as usize] as u32;
-            if c > left {
-                continue;
-            }
-            for (k, &p) in s.patterns.iter().enumerate().take(2) {
-                let d = &self.graph.dfas[p as usize];
-                let mut st = StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO);
-                for &b in table.token_bytes(t) {
-                    st = d.next_state(st, b);
-                    if !self.graph.live(p, st.as_u32()) {
-                        continue 'tokens;
-                    }
-                }
-                if left != u32::MAX && self.graph.distance(p, st.as_u32()).is_none_or(|d| c + d > left) {
-                    continue 'tokens;
-                }
-            }
-            out.insert(t);
+        let g = &self.graph;
+        let n = key.n as usize;
+        let mut out = TokenSet::new(table.vocab_size());
+        let start = ClassWalk { chars: Chars::default(), dfa: [0; 4], count: 0 };
+        let mut start = start;
+        for k in 0..n {
+            start.dfa[k] = key.patterns[k].1;
         }
+        table.trie().walk(
+            &start,
+            &mut Vec::new(),
+            |w, b| {
+                if (w.chars.is_plain() && b == b'"') || b == b'\\' {
+                    return None;
+                }
+                let count = w.count + w.chars.is_plain() as u32;
+                if count > key.left {
+                    return None;
+                }
+                let chars = advance_chars(w.chars, b)?;
+                let mut next = ClassWalk { chars, dfa: w.dfa, count };
+                let mut any_live = n == 0;
+                for k in 0..n {
+                    let p = key.patterns[k].0;
+                    let st = g.dfas[p as usize].next_state(StateID::new(w.dfa[k] as usize).unwrap_or(StateID::ZERO), b);
+                    next.dfa[k] = st.as_u32();
+                    let ok = match g.distance(p, st.as_u32()) {
+                        None => false,
+                        Some(d) => key.left == u32::MAX || count.saturating_add(d) <= key.left,
+                    };
+                    if !key.any && !ok {
+                        return None;
+                    }
+                    any_live |= ok;
+                }
+                (key.any && !any_live).then_some(()).map_or(Some(next), |_| None)
+            },
+            |t| out.insert(t),
+        );
         let out = Arc::new(out);
+        let mut cache = self.pattern_classes.lock().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= 4096 {
             cache.clear();
         }
-        cache.insert((node, dfa, left), out.clone());
+        cache.insert(key, out.clone());
         out
     }
 

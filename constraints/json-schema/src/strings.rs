@@ -14,7 +14,7 @@ use dspark_guest::{Recognizer, TokenSet, TokenTable};
 pub use crate::recognizer::PatternClassCache;
 
 use crate::graph::Node;
-use crate::recognizer::{Chars, Frame, SchemaRecognizer, State};
+use crate::recognizer::{Chars, ClassKey, Frame, SchemaRecognizer, State};
 
 /// Token classes of one table.
 pub struct StringSets {
@@ -144,13 +144,10 @@ pub fn fill_string_mask(rec: &SchemaRecognizer, state: &State, table: &TokenTabl
     true
 }
 
-fn eligible(rec: &SchemaRecognizer, state: &State) -> bool {
-    let g = rec.graph();
+fn eligible(_rec: &SchemaRecognizer, state: &State) -> bool {
     match state.single().and_then(|c| c.top()) {
         Some(Frame::Str { chars, .. }) => chars.is_plain(),
-        Some(Frame::FreeKey { obj, chars, .. }) => {
-            chars.is_plain() && matches!(g.node(*obj), Node::Object(o) if o.patterns.is_empty())
-        }
+        Some(Frame::FreeKey { chars, .. }) => chars.is_plain(),
         _ => false,
     }
 }
@@ -189,7 +186,12 @@ fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut
             // left), else cut to the length left by character counts.
             let left = if s.max_len == u32::MAX { u32::MAX } else { s.max_len.saturating_sub(*len) };
             if !s.patterns.is_empty() {
-                or_into(set, &rec.pattern_class(*node, *dfa, left, &sets.content_noesc, &sets.chars, table));
+                let mut key = ClassKey { patterns: [(0, 0); 4], n: 0, any: false, left };
+                for (k, &p) in s.patterns.iter().enumerate().take(2) {
+                    key.patterns[k] = (p, dfa[k]);
+                    key.n += 1;
+                }
+                or_into(set, &rec.content_class(key, table));
             } else if left == u32::MAX {
                 or_into(set, &sets.content_noesc);
             } else {
@@ -205,8 +207,20 @@ fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut
             check(set, &sets.content_esc);
             check(set, &sets.closing);
         }
-        Some(Frame::FreeKey { .. }) => {
-            or_into(set, &sets.content_noesc);
+        Some(Frame::FreeKey { obj, dfa, .. }) => {
+            let Node::Object(o) = g.node(*obj) else { return };
+            if o.patterns.is_empty() || o.additional != crate::graph::NEVER {
+                // Any key text is fine while it lasts; the patterns decide the value's schema
+                // when the key closes.
+                or_into(set, &sets.content_noesc);
+            } else {
+                let mut key = ClassKey { patterns: [(0, 0); 4], n: 0, any: true, left: u32::MAX };
+                for (k, &p) in o.patterns.iter().enumerate().take(4) {
+                    key.patterns[k] = (p, dfa[k]);
+                    key.n += 1;
+                }
+                or_into(set, &rec.content_class(key, table));
+            }
             check(set, &sets.closing_noesc);
         }
         _ => {}

@@ -72,4 +72,10 @@ fn fast_masks_equal_the_trie_walk() {
     compare(obj, r#"{"property_order":"any"}"#, r#"{"n":1,"zz"#);
     compare(r#"{"type":"array","items":{"type":"string","minLength":2}}"#, "{}", r#"["a"#);
     compare(r#"{"type":"object","additionalProperties":{"type":"string"}}"#, "{}", r#"{"k":"v",""#);
+    let pp = r#"{"type":"object","patternProperties":{"^a[0-9]+$":{"type":"integer"},"^name":{"type":"string"}},"additionalProperties":false}"#;
+    compare(pp, "{}", r#"{""#);
+    compare(pp, "{}", r#"{"a1"#);
+    compare(pp, "{}", r#"{"nam"#);
+    compare(r#"{"type":"string","pattern":"^[a-c]*x$","maxLength":4}"#, "{}", r#""ab"#);
+    compare(r#"{"type":"string","pattern":"b"}"#, "{}", r#""aa"#);
 }

@@ -80,7 +80,8 @@ fn refs_unions_and_all_of() {
     let all_of = r#"{"allOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},{"properties":{"b":{"type":"string"}},"required":["b"]}]}"#;
     check(all_of, "{}", &[r#"{"a":1,"b":"x"}"#], &[r#"{"a":1}"#, r#"{"b":"x"}"#]);
     check("true", "{}", &["1", r#"{"a":[true,null]}"#, r#""s""#], &["tru", "{"]);
-    check("false", "{}", &[], &["1", "null"]);
+    let e = compile_recognizer("json-schema", "false", "{}").err().expect("`false` admits nothing");
+    assert!(e.message.starts_with("the schema admits no value"), "{e}");
 }
 
 #[test]
@@ -90,6 +91,12 @@ fn unsupported_and_invalid_schemas_are_errors_with_pointers() {
     assert!(e.message.contains("`not`"), "{e}");
     let e = compile_recognizer("json-schema", r#"{"$ref":"https://example.com/s.json"}"#, "{}").err().unwrap();
     assert!(e.message.contains("remote"), "{e}");
+    for circular in
+        [r##"{"$ref":"#"}"##, r##"{"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}"##]
+    {
+        let e = compile_recognizer("json-schema", circular, "{}").err().expect("circular");
+        assert!(e.message.contains("circular `$ref` with no base case"), "{e}");
+    }
     let e = compile_recognizer("json-schema", r##"{"$ref":"#/$defs/missing"}"##, "{}").err().unwrap();
     assert!(e.message.contains("does not exist"), "{e}");
     let e = compile_recognizer("json-schema", "{", "{}").err().unwrap();

@@ -45,6 +45,9 @@ struct Stats {
     mask_us: Vec<f64>,
     tokens: usize,
     forced_tokens: usize,
+    /// The slowest masks: (µs, file, token index).
+    slowest: Vec<(f64, String, usize)>,
+    current: String,
 }
 
 /// Files under `dir` ending in `.json`, sorted, recursively.
@@ -111,7 +114,14 @@ fn walk(
         let mask = inst.compute_mask(m)?;
         let dt = t0.elapsed();
         if let Some(s) = stats.as_deref_mut() {
-            s.mask_us.push(dt.as_secs_f64() * 1e6);
+            let us = dt.as_secs_f64() * 1e6;
+            s.mask_us.push(us);
+            if s.slowest.len() < 5 || us > s.slowest[s.slowest.len() - 1].0 {
+                let entry = (us, s.current.clone(), i);
+                s.slowest.push(entry);
+                s.slowest.sort_by(|a, b| b.0.total_cmp(&a.0));
+                s.slowest.truncate(5);
+            }
         }
         if !mask.allows(tokens[i]) {
             return Ok(false);
@@ -184,6 +194,7 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             None => continue,
         };
         s.schemas += 1;
+        s.current = f.display().to_string();
         let source = serde_json::to_string(&doc["schema"])?;
         let t0 = Instant::now();
         let compiled = match inst.compile(&args.kind, &source, &args.options) {
@@ -262,6 +273,9 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         println!("compile ms         {}", serde_json::to_string(&report["compile_ms"])?);
         println!("mask µs            {}", serde_json::to_string(&report["mask_us"])?);
         println!("masks timed        {}", s.mask_us.len());
+        for (us, file, i) in &s.slowest {
+            println!("  slow mask        {us:.0} µs at token {i} of {file}");
+        }
         println!("fast-forward share {:.1}% of {} tokens", 100.0 * ff_share, s.tokens);
         println!("wall s             {:.1}", wall.elapsed().as_secs_f64());
     }
