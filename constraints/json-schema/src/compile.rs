@@ -123,6 +123,14 @@ fn escape_pointer(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
+/// A node to build from the worklist.
+enum Job {
+    /// The schema at a JSON pointer of the document.
+    Pointer(String),
+    /// A `$ref` merged with sibling keywords (memoised, so a recursive one is a cycle).
+    Merged(Map<String, Value>, String),
+}
+
 /// The compiler's state over one document.
 pub struct Compiler<'a> {
     root: &'a Value,
@@ -137,7 +145,7 @@ pub struct Compiler<'a> {
     legacy_ref: bool,
     /// `$ref` targets waiting to be compiled: (node, pointer). Compiling them from a
     /// worklist, not recursively, keeps long reference chains off the stack.
-    queue: Vec<(NodeId, String)>,
+    queue: Vec<(NodeId, Job)>,
     /// Warnings, with the pointer they apply to.
     pub warnings: Vec<Warning>,
     depth: usize,
@@ -180,9 +188,17 @@ impl<'a> Compiler<'a> {
     /// Compiles the document into a graph.
     pub fn compile(mut self, order: PropertyOrder) -> Result<(Graph, Vec<Warning>), ConstraintError> {
         let root = self.schema(self.root, "")?;
-        while let Some((id, tptr)) = self.queue.pop() {
-            let target = self.root.pointer(&tptr).unwrap_or(&Value::Bool(false));
-            let built = self.schema(target, &tptr)?;
+        while let Some((id, job)) = self.queue.pop() {
+            let built = match job {
+                Job::Pointer(tptr) => {
+                    let target = self.root.pointer(&tptr).unwrap_or(&Value::Bool(false));
+                    self.schema(target, &tptr)?
+                }
+                Job::Merged(map, ptr) => {
+                    let flat = self.flatten(&map, &ptr, 0)?;
+                    self.build(&flat, &ptr)?
+                }
+            };
             self.nodes[id as usize] = Node::Union(vec![built]);
         }
         if !self.productive(root) {
@@ -341,6 +357,10 @@ impl<'a> Compiler<'a> {
             if !has_siblings || self.legacy_ref {
                 return self.reference(r, ptr);
             }
+            return self.merged_reference(map, ptr);
+        }
+        if !map.contains_key("allOf") {
+            return self.build(map, ptr);
         }
         let merged = self.flatten(map, ptr, 0)?;
         self.build(&merged, ptr)
@@ -355,7 +375,28 @@ impl<'a> Compiler<'a> {
         }
         let id = self.push(Node::Pending);
         self.refs.insert(tptr.clone(), id);
-        self.queue.push((id, tptr));
+        self.queue.push((id, Job::Pointer(tptr)));
+        Ok(id)
+    }
+
+    /// A `$ref` with sibling keywords: one node per (target, siblings), built later.
+    fn merged_reference(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {
+        let Some(Value::String(r)) = map.get("$ref") else {
+            return Err(err(ErrorCode::InvalidSource, ptr, "`$ref` must be a string"));
+        };
+        let (_, tptr) = self.resolve(r, ptr)?;
+        let siblings: Map<String, Value> = map
+            .iter()
+            .filter(|(k, _)| *k != "$ref" && !ANNOTATIONS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let key = format!("{tptr}\u{0}{}", Value::Object(siblings).to_string());
+        if let Some(&id) = self.refs.get(&key) {
+            return Ok(id);
+        }
+        let id = self.push(Node::Pending);
+        self.refs.insert(key, id);
+        self.queue.push((id, Job::Merged(map.clone(), ptr.to_string())));
         Ok(id)
     }
 
@@ -723,6 +764,10 @@ impl<'a> Compiler<'a> {
         match v {
             Value::Bool(true) => Ok(ANY),
             Value::Bool(false) => Ok(NEVER),
+            Value::Object(m) if m.contains_key("$ref") && !self.legacy_ref => {
+                self.check_keywords(m, ptr)?;
+                self.merged_reference(m, ptr)
+            }
             Value::Object(m) => {
                 self.check_keywords(m, ptr)?;
                 if self.depth > MAX_DEPTH {
