@@ -75,13 +75,13 @@ impl Rng {
 /// Walks `tokens`; whether they are accepted whole.
 fn accepts(m: &mut dyn Matcher, tokens: &[u32]) -> bool {
     let mut i = 0;
-    if let Ok(start) = m.commit(&[]) {
-        if !start.forced.is_empty() {
-            if tokens.starts_with(&start.forced) {
-                i = start.forced.len();
-            } else if m.rollback(start.forced.len() as u32).is_err() {
-                return false;
-            }
+    if let Ok(start) = m.commit(&[])
+        && !start.forced.is_empty()
+    {
+        if tokens.starts_with(&start.forced) {
+            i = start.forced.len();
+        } else if m.rollback(start.forced.len() as u32).is_err() {
+            return false;
         }
     }
     while i < tokens.len() {

@@ -390,7 +390,7 @@ impl<'a> Compiler<'a> {
             .filter(|(k, _)| *k != "$ref" && !ANNOTATIONS.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let key = format!("{tptr}\u{0}{}", Value::Object(siblings).to_string());
+        let key = format!("{tptr}\u{0}{}", Value::Object(siblings));
         if let Some(&id) = self.refs.get(&key) {
             return Ok(id);
         }
@@ -1294,7 +1294,7 @@ fn percent_decode(s: &str) -> String {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%'
-            && i + 2 < bytes.len() + 0
+            && i + 2 < bytes.len()
             && let Ok(b) = u8::from_str_radix(&s[i + 1..(i + 3).min(s.len())], 16)
         {
             out.push(b);

@@ -16,7 +16,7 @@ struct Link {
     hash: u64,
 }
 
-const EMPTY_HASH: u64 = 0x5eed_0f_e3_97_7a_c4;
+const EMPTY_HASH: u64 = 0x005e_ed0f_e397_7ac4;
 
 fn chain_hash(l: &Option<Arc<Link>>) -> u64 {
     l.as_ref().map_or(EMPTY_HASH, |l| l.hash)
