@@ -106,7 +106,7 @@ fn constraint_check_fails_on_a_rejected_token_an_incomplete_text_and_a_bad_sourc
     );
     assert_eq!(missing.status.code(), Some(2));
     let err = String::from_utf8_lossy(&missing.stderr);
-    assert!(err.contains("no plugin `nope` in plugins (found: choice, regex)"), "{err}");
+    assert!(err.contains("no plugin `nope` in plugins (found: choice, json-schema, regex)"), "{err}");
 }
 
 #[test]
@@ -117,7 +117,7 @@ fn plugins_list_and_validate() {
     assert!(o.status.success());
     let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let names: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-    assert_eq!(names, vec!["choice", "regex"]);
+    assert_eq!(names, vec!["choice", "json-schema", "regex"]);
     assert!(rows.as_array().unwrap().iter().all(|r| r["status"] == "ready"));
     let v = dspark(&["plugins", "validate", "plugins/regex"], state.path());
     assert!(v.status.success());
@@ -125,4 +125,40 @@ fn plugins_list_and_validate() {
     let bad = dspark(&["plugins", "validate", "guest-sdk"], state.path());
     assert_eq!(bad.status.code(), Some(1));
     assert!(stdout(&bad).starts_with("invalid: cannot read"), "{}", stdout(&bad));
+}
+
+#[test]
+fn maskbench_reports_the_maskbench_figures_as_json() {
+    need("plugins/json-schema/plugin.wasm", "scripts/build-plugins.sh");
+    let tok = need("assets/tokenizers/llama3/tokenizer.json", "scripts/fetch-assets.sh");
+    let data = root().join("tests/data/jsonschemabench-sample/Github_easy");
+    let state = tempfile::tempdir().unwrap();
+    let o = dspark(
+        &[
+            "constraint",
+            "maskbench",
+            "--tokenizer",
+            tok.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--limit",
+            "4",
+            "--json",
+        ],
+        state.path(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["schemas"], 4);
+    assert_eq!(r["compiled"], 4, "{r}");
+    for key in ["mean", "p50", "p90", "p99", "max"] {
+        assert!(r["mask_us"][key].as_f64().is_some_and(|v| v >= 0.0), "mask_us.{key} in {r}");
+    }
+    for key in ["mean", "p50", "p99", "max"] {
+        assert!(r["compile_ms"][key].is_number(), "compile_ms.{key} in {r}");
+    }
+    let valid = r["valid_accepted"].as_u64().unwrap() + r["valid_rejected"].as_u64().unwrap();
+    assert!(valid > 0 && r["valid_rejected"] == 0, "{r}");
+    assert_eq!(r["invalid_accepted"], 0, "{r}");
+    assert!(r["ff_share"].as_f64().is_some() && r["wall_s"].as_f64().is_some());
 }

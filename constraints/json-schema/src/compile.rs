@@ -379,6 +379,24 @@ impl<'a> Compiler<'a> {
         Ok(id)
     }
 
+    /// Compiles a keyword map we own: a `$ref` with siblings is a memoised merged reference,
+    /// `allOf` is flattened, the rest is built directly.
+    fn compile_map(&mut self, map: Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {
+        if let Some(Value::String(r)) = map.get("$ref") {
+            let alone = map.keys().all(|k| k == "$ref" || !HANDLED.contains(&k.as_str()));
+            if alone || self.legacy_ref {
+                let r = r.clone();
+                return self.reference(&r, ptr);
+            }
+            return self.merged_reference(&map, ptr);
+        }
+        if map.contains_key("allOf") {
+            let flat = self.flatten(&map, ptr, 0)?;
+            return self.build(&flat, ptr);
+        }
+        self.build(&map, ptr)
+    }
+
     /// A `$ref` with sibling keywords: one node per (target, siblings), built later.
     fn merged_reference(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {
         let Some(Value::String(r)) = map.get("$ref") else {
@@ -518,18 +536,23 @@ impl<'a> Compiler<'a> {
                         Value::Bool(false) => continue,
                         Value::Object(m) => {
                             self.check_keywords(m, &bptr)?;
-                            self.flatten(m, &bptr, 0)?
+                            m.clone()
                         }
                         _ => {
-                            return Err(err(
-                                ErrorCode::InvalidSource,
-                                &bptr,
-                                "a schema must be an object or a boolean",
-                            ));
+                            return Err(err(ErrorCode::InvalidSource, &bptr, "a schema must be an object or a boolean"));
                         }
                     };
-                    let merged = merge(base.clone(), branch, &bptr)?;
-                    alts.push(self.build(&merged, &bptr)?);
+                    // A branch with `$ref` stays a reference (memoised), so a recursive
+                    // schema (`anyOf: [{$ref: "#"}, ...]`) becomes a cycle, not an expansion.
+                    let merged = if branch.contains_key("$ref") {
+                        let mut m = base.clone();
+                        m.extend(branch);
+                        m
+                    } else {
+                        let flat = self.flatten(&branch, &bptr, 0)?;
+                        merge(base.clone(), flat, &bptr)?
+                    };
+                    alts.push(self.compile_map(merged, &bptr)?);
                 }
                 if kw == "oneOf" && !disjoint_types(branches) {
                     self.warnings.push(Warning {
@@ -1157,7 +1180,7 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
                     format!("two `{k}` lists inside one `allOf` cannot be merged yet"),
                 ));
             }
-            other if ANNOTATIONS.contains(&other) => va,
+            other if ANNOTATIONS.contains(&other) || other.starts_with("x-") || !HANDLED.contains(&other) => va,
             other => {
                 return Err(err(
                     ErrorCode::Unsupported,

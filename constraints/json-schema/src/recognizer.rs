@@ -335,8 +335,8 @@ impl SchemaRecognizer {
                     out.push(stack);
                     return;
                 }
-                if b == b'\\' && chars.esc == 0 {
-                    return; // additional keys are written without escapes
+                if b == b'\\' && chars.esc == 0 && !o.patterns.is_empty() {
+                    return; // keys matched against patterns are written without escapes
                 }
                 let Some(chars) = advance_chars(chars, b) else { return };
                 let mut live = false;
@@ -685,11 +685,23 @@ impl SchemaRecognizer {
                 }
                 frame(NUM_FRAC, neg, nv, if tracked { k } else { 0 }, 0, false)
             }
-            (NUM_ZERO | NUM_INT | NUM_FRAC, b'e' | b'E') if !n.integer && !tracked => {
-                frame(NUM_E, neg, v, frac, 0, false)
+            (NUM_ZERO | NUM_INT | NUM_FRAC, b'e' | b'E') if !n.integer => frame(NUM_E, neg, v, frac, 0, false),
+            // With bounds, an exponent sign or digit is refused once no completion can land
+            // inside them: a non-negative exponent only grows the magnitude, a negative one
+            // only shrinks it.
+            (NUM_E, b'+') if !(tracked && grows_past(n, neg, v)) => frame(NUM_ESIGN, neg, v, frac, 0, false),
+            (NUM_E, b'-') if !(tracked && shrinks_past(n, neg, v)) => frame(NUM_ESIGN, neg, v, frac, 0, true),
+            (NUM_E | NUM_ESIGN | NUM_EXP, _) if digit => {
+                let e = if tracked { exp.saturating_mul(10).saturating_add(d as u16).min(400) } else { 0 };
+                if tracked {
+                    let cv = scaled(v, e, exp_neg);
+                    let dead = if exp_neg { shrinks_past(n, neg, cv) } else { grows_past(n, neg, cv) };
+                    if dead {
+                        return NumStep::Reject;
+                    }
+                }
+                frame(NUM_EXP, neg, v, frac, e, exp_neg)
             }
-            (NUM_E, b'+' | b'-') => frame(NUM_ESIGN, neg, v, frac, 0, b == b'-'),
-            (NUM_E | NUM_ESIGN | NUM_EXP, _) if digit => frame(NUM_EXP, neg, v, frac, 0, exp_neg),
             (NUM_ZERO | NUM_INT | NUM_FRAC | NUM_EXP, _) => {
                 let _ = exp;
                 NumStep::End
@@ -715,15 +727,39 @@ enum NumStep {
     Reject,
 }
 
+/// `v * 10^(±e)`.
+fn scaled(v: f64, e: u16, neg_exp: bool) -> f64 {
+    if neg_exp { v / 10f64.powi(e as i32) } else { v * 10f64.powi(e as i32) }
+}
+
+/// Whether a magnitude of `v` (sign `neg`) is already past the bound it grows towards.
+fn grows_past(n: &crate::graph::NumberNode, neg: bool, v: f64) -> bool {
+    if neg { n.min.is_some_and(|(m, _)| -v < m) } else { n.max.is_some_and(|(m, _)| v > m) }
+}
+
+/// Whether a magnitude of `v` (sign `neg`) is already short of the bound it shrinks away from.
+fn shrinks_past(n: &crate::graph::NumberNode, neg: bool, v: f64) -> bool {
+    if neg { n.max.is_some_and(|(m, _)| m < 0.0 && -v > m) } else { n.min.is_some_and(|(m, _)| m > 0.0 && v < m) }
+}
+
 /// Whether a finished number satisfies its node.
-fn number_ok(n: &crate::graph::NumberNode, phase: u8, neg: bool, value: u64, _frac: u16, _exp: u16, _e: bool) -> bool {
+fn number_ok(
+    n: &crate::graph::NumberNode,
+    phase: u8,
+    neg: bool,
+    value: u64,
+    _frac: u16,
+    exp: u16,
+    exp_neg: bool,
+) -> bool {
     if !matches!(phase, NUM_ZERO | NUM_INT | NUM_FRAC | NUM_EXP) {
         return false;
     }
     if n.min.is_none() && n.max.is_none() && n.multiple_of.is_none() {
         return true;
     }
-    let v = if neg { -f64::from_bits(value) } else { f64::from_bits(value) };
+    let mag = if phase == NUM_EXP { scaled(f64::from_bits(value), exp, exp_neg) } else { f64::from_bits(value) };
+    let v = if neg { -mag } else { mag };
     if let Some((m, excl)) = n.min
         && (v < m || (excl && v <= m))
     {

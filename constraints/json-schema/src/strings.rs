@@ -209,9 +209,13 @@ fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut
         }
         Some(Frame::FreeKey { obj, dfa, .. }) => {
             let Node::Object(o) = g.node(*obj) else { return };
-            if o.patterns.is_empty() || o.additional != crate::graph::NEVER {
-                // Any key text is fine while it lasts; the patterns decide the value's schema
-                // when the key closes.
+            if o.patterns.is_empty() {
+                // Any key text is fine while it lasts (escapes included).
+                or_into(set, &sets.content);
+                check(set, &sets.closing);
+                return;
+            } else if o.additional != crate::graph::NEVER {
+                // The patterns decide the value's schema only when the key closes.
                 or_into(set, &sets.content_noesc);
             } else {
                 let mut key = ClassKey { patterns: [(0, 0); 4], n: 0, any: true, left: u32::MAX };

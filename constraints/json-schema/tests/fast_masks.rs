@@ -76,6 +76,11 @@ fn fast_masks_equal_the_trie_walk() {
     compare(pp, "{}", r#"{""#);
     compare(pp, "{}", r#"{"a1"#);
     compare(pp, "{}", r#"{"nam"#);
+    compare(
+        r#"{"type":"object","properties":{"a":{}},"additionalProperties":true}"#,
+        r#"{"property_order":"any"}"#,
+        r#"{"x\\"#,
+    );
     compare(r#"{"type":"string","pattern":"^[a-c]*x$","maxLength":4}"#, "{}", r#""ab"#);
     compare(r#"{"type":"string","pattern":"b"}"#, "{}", r#""aa"#);
 }

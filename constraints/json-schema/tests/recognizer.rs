@@ -62,6 +62,12 @@ fn arrays_strings_numbers_and_literals() {
     );
     check(r#"{"type":"integer","multipleOf":3}"#, "{}", &["0", "9", "-3"], &["4", "1.5"]);
     check(
+        r#"{"type":"number","minimum":0,"maximum":1}"#,
+        "{}",
+        &["1e-05", "1E0", "0.5e-3", "1e+0"],
+        &["2e0", "1e1", "-1e-5", "5e+"],
+    );
+    check(
         r#"{"enum":["red","green",1,null,{"a":[1]}]}"#,
         "{}",
         &[r#""red""#, "1", "null", r#"{"a":[1]}"#],

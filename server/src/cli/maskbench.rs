@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, anyhow};
-use dspark_host::plugin::{MatcherHandle, PluginError, PluginInstance};
+use dspark_host::plugin::{MatcherHandle, PluginError, PluginInstance, PluginRuntime, RuntimeConfig};
 use dspark_host::registry::{EntryState, Registry};
 use dspark_host::tokenizer::{CanonicalTokenizer, HfTokenizer};
 use serde_json::{Value, json};
@@ -48,6 +48,10 @@ struct Stats {
     /// The slowest masks: (µs, file, token index).
     slowest: Vec<(f64, String, usize)>,
     current: String,
+    /// Files whose compile trapped.
+    trapped: Vec<String>,
+    /// Some valid instances that were rejected.
+    rejected: Vec<String>,
 }
 
 /// Files under `dir` ending in `.json`, sorted, recursively.
@@ -172,7 +176,12 @@ fn round3(x: f64) -> f64 {
 
 pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let wall = Instant::now();
-    let registry = Registry::new(&args.runtime.plugins_dir, args.runtime.runtime()?)?;
+    // A benchmark measures rather than protects: traps are counted by cause, and the plugin
+    // is never quarantined mid-run (its Store is still rebuilt after each trap).
+    let state = args.runtime.state_dir.clone().unwrap_or_else(RuntimeConfig::default_state_dir);
+    let mut config = RuntimeConfig::new(state);
+    config.strike_limit = u32::MAX;
+    let registry = Registry::new(&args.runtime.plugins_dir, PluginRuntime::new(config)?)?;
     registry.scan();
     let plugin = match registry.state(&args.plugin) {
         Some(EntryState::Loaded(p)) => p,
@@ -201,6 +210,9 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             Ok(c) => c,
             Err(e) => {
                 *s.compile_errors.entry(cause(&e)).or_default() += 1;
+                if matches!(e, PluginError::Trap { .. }) {
+                    s.trapped.push(s.current.clone());
+                }
                 continue;
             }
         };
@@ -229,7 +241,13 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             };
             match (valid, accepted) {
                 (true, true) => s.valid_accepted += 1,
-                (true, false) => s.valid_rejected += 1,
+                (true, false) => {
+                    s.valid_rejected += 1;
+                    if s.rejected.len() < 8 {
+                        let short: String = text.chars().take(160).collect();
+                        s.rejected.push(format!("{} {short}", s.current));
+                    }
+                }
                 (false, false) => s.invalid_rejected += 1,
                 (false, true) => s.invalid_accepted += 1,
             }
@@ -273,6 +291,12 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         println!("compile ms         {}", serde_json::to_string(&report["compile_ms"])?);
         println!("mask µs            {}", serde_json::to_string(&report["mask_us"])?);
         println!("masks timed        {}", s.mask_us.len());
+        for r in &s.rejected {
+            println!("  valid rejected   {r}");
+        }
+        for file in s.trapped.iter().take(5) {
+            println!("  compile trapped  {file}");
+        }
         for (us, file, i) in &s.slowest {
             println!("  slow mask        {us:.0} µs at token {i} of {file}");
         }
