@@ -6,7 +6,7 @@
 //!   complete or a length cap) produce documents that the `jsonschema` crate validates.
 //!
 //! CI runs the committed sample (`tests/data/jsonschemabench-sample`); the full benchmark runs
-//! with `DSPARK_BENCH_DIR=../shared/data/jsonschemabench cargo test --release -p dspark-tests
+//! with `DSPARK_BENCH_DIR=$PWD/../shared/data/jsonschemabench cargo test --release -p dspark-tests
 //! --test json_schema_walks -- --nocapture`. `DSPARK_WALKS` sets the walks per schema.
 
 use std::path::PathBuf;
