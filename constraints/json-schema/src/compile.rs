@@ -539,7 +539,11 @@ impl<'a> Compiler<'a> {
                             m.clone()
                         }
                         _ => {
-                            return Err(err(ErrorCode::InvalidSource, &bptr, "a schema must be an object or a boolean"));
+                            return Err(err(
+                                ErrorCode::InvalidSource,
+                                &bptr,
+                                "a schema must be an object or a boolean",
+                            ));
                         }
                     };
                     // A branch with `$ref` stays a reference (memoised), so a recursive

@@ -1,8 +1,13 @@
 //! `format` values as patterns over the string's characters (full match). The second field
 //! says whether the pattern is exact (`true`) or an approximation (a warning is given).
 
-const DATE: &str = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])";
-const TIME: &str = r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
+/// A calendar date: days per month, and 29 February only in leap years.
+const DATE: &str = concat!(
+    r"([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))",
+    r"|([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29)"
+);
+/// A time of day with an offset. Leap seconds (`:60`) are not generated.
+const TIME: &str = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
 const LABEL: &str = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
 const OCTET: &str = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
 
@@ -11,7 +16,7 @@ pub fn pattern(format: &str) -> Option<(String, bool)> {
     Some(match format {
         "date" => (DATE.to_string(), true),
         "time" => (TIME.to_string(), true),
-        "date-time" => (format!("{DATE}[Tt ]{TIME}"), true),
+        "date-time" => (format!("({DATE})[Tt]{TIME}"), true),
         "uuid" => ("[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}".to_string(), true),
         "ipv4" => (format!(r"({OCTET}\.){{3}}{OCTET}"), true),
         "hostname" => (format!(r"{LABEL}(\.{LABEL})*"), true),

@@ -658,26 +658,27 @@ impl SchemaRecognizer {
                 if !neg && n.max.is_some_and(|(m, _)| m < 0.0) {
                     return NumStep::Reject;
                 }
-                if over(d) {
+                if over(d) || (tracked && !int_prefix_feasible(n, neg, d)) {
                     return NumStep::Reject;
                 }
                 frame(NUM_INT, neg, d, 0, 0, false)
             }
             (NUM_INT, _) if digit => {
                 let nv = v * 10.0 + d;
-                if over(nv) {
+                if over(nv) || (tracked && !int_prefix_feasible(n, neg, nv)) {
                     return NumStep::Reject;
                 }
                 frame(NUM_INT, neg, nv, 0, 0, false)
             }
-            (NUM_ZERO | NUM_INT, b'.') => {
+            (NUM_ZERO | NUM_INT, b'.') if !n.integer => {
                 if !neg && n.min.is_some_and(|(m, _)| v + 1.0 <= m) {
                     return NumStep::Reject;
                 }
                 frame(NUM_DOT, neg, v, 0, 0, false)
             }
-            // An integer may be written with a zero fraction (`1.0` is an integer).
-            (NUM_DOT | NUM_FRAC, _) if digit && (!n.integer || b == b'0') => {
+            // Integers are written without a fraction: `1.0` is an integer to JSON Schema, but
+            // not to every consumer (nor to the `jsonschema` crate).
+            (NUM_DOT | NUM_FRAC, _) if digit => {
                 let k = frac.saturating_add(1);
                 let nv = v + d * 10f64.powi(-(k as i32));
                 if over(nv) {
@@ -725,6 +726,33 @@ enum NumStep {
     Continue(NumFrame),
     End,
     Reject,
+}
+
+/// Whether an integer part `v` (sign `neg`) can still be completed, by more digits (and, for
+/// non-integers, a fraction), into a value within the bounds: the completions with `j` more
+/// digits span `[v·10^j, (v+1)·10^j)`.
+fn int_prefix_feasible(n: &crate::graph::NumberNode, neg: bool, v: f64) -> bool {
+    let inside = |lo: f64, hi: f64| {
+        // The magnitudes [lo, hi] as values, against [min, max] (exclusive ends ignored: a
+        // conservative "feasible" keeps valid documents reachable).
+        let (a, b) = if neg { (-hi, -lo) } else { (lo, hi) };
+        n.min.is_none_or(|(m, _)| b >= m) && n.max.is_none_or(|(m, _)| a <= m)
+    };
+    let mut scale = 1.0f64;
+    for _ in 0..20 {
+        let lo = v * scale;
+        let hi = if n.integer { lo + scale - 1.0 } else { lo + scale };
+        if inside(lo, hi) {
+            return true;
+        }
+        // Magnitudes only grow from here: stop once past the far bound.
+        let far = if neg { n.min.map(|(m, _)| -m) } else { n.max.map(|(m, _)| m) };
+        if far.is_some_and(|f| lo > f) {
+            return false;
+        }
+        scale *= 10.0;
+    }
+    false
 }
 
 /// `v * 10^(±e)`.

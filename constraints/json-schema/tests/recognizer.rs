@@ -53,13 +53,31 @@ fn arrays_strings_numbers_and_literals() {
     );
     check(r#"{"type":"string","pattern":"^[a-z]+\\d$"}"#, "{}", &[r#""abc1""#], &[r#""abc""#, r#""1abc1""#]);
     check(r#"{"type":"string","pattern":"o"}"#, "{}", &[r#""foo""#, r#""o""#], &[r#""bar""#]);
-    check(r#"{"type":"string","format":"date"}"#, "{}", &[r#""2024-02-29""#], &[r#""2024-13-01""#]);
+    check(
+        r#"{"type":"string","format":"date"}"#,
+        "{}",
+        &[r#""2024-02-29""#, r#""2000-02-29""#, r#""2023-11-30""#],
+        &[r#""2024-13-01""#, r#""2023-02-29""#, r#""1900-02-29""#, r#""2023-11-31""#],
+    );
+    check(
+        r#"{"type":"string","format":"date-time"}"#,
+        "{}",
+        &[r#""2024-05-17T10:00:00Z""#, r#""2024-05-17t10:00:00.5+02:00""#],
+        &[r#""2024-05-17 10:00:00Z""#, r#""2024-05-17T10:00:60Z""#],
+    );
     check(
         r#"{"type":"number","exclusiveMinimum":0,"maximum":1.5}"#,
         "{}",
         &["0.5", "1.5", "1"],
         &["0", "-1", "1.6", "2"],
     );
+    // 12 could only become 12, 120-129 or 1200-1299...: none is in [2000, 2100].
+    check(r#"{"type":"integer","minimum":2000,"maximum":2100}"#, "{}", &["2000", "2099"], &["12", "1999", "2101"]);
+    let (rec, _) =
+        compile_recognizer("json-schema", r#"{"type":"integer","minimum":2000,"maximum":2100}"#, "{}").unwrap();
+    let start = dspark_guest::Recognizer::start(&rec);
+    assert!(dspark_guest::Recognizer::advance(&rec, &start, b'1').is_none(), "1… never reaches [2000, 2100]");
+    assert!(dspark_guest::Recognizer::advance(&rec, &start, b'2').is_some());
     check(r#"{"type":"integer","multipleOf":3}"#, "{}", &["0", "9", "-3"], &["4", "1.5"]);
     check(
         r#"{"type":"number","minimum":0,"maximum":1}"#,
