@@ -22,11 +22,49 @@ pub struct Prop {
     pub required: bool,
 }
 
+/// The edges of a byte trie: per node, children sorted by byte. Node 0 is the root.
+#[derive(Debug, Clone)]
+pub struct Edges(Vec<Vec<(u8, u32)>>);
+
+impl Default for Edges {
+    fn default() -> Self {
+        Edges(vec![Vec::new()])
+    }
+}
+
+impl Edges {
+    /// The child of `node` by `byte`.
+    #[inline]
+    pub fn child(&self, node: u32, byte: u8) -> Option<u32> {
+        let c = &self.0[node as usize];
+        c.binary_search_by_key(&byte, |&(b, _)| b).ok().map(|k| c[k].1)
+    }
+
+    /// Whether `node` has no children.
+    #[inline]
+    pub fn is_leaf(&self, node: u32) -> bool {
+        self.0[node as usize].is_empty()
+    }
+
+    /// The child of `node` by `byte`, created if missing; `true` when it was created.
+    fn child_or_insert(&mut self, node: usize, byte: u8) -> (usize, bool) {
+        match self.0[node].binary_search_by_key(&byte, |&(b, _)| b) {
+            Ok(k) => (self.0[node][k].1 as usize, false),
+            Err(k) => {
+                let id = self.0.len();
+                self.0[node].insert(k, (byte, id as u32));
+                self.0.push(Vec::new());
+                (id, true)
+            }
+        }
+    }
+}
+
 /// A byte trie over the encoded keys of an object (quotes included).
 #[derive(Debug, Clone, Default)]
 pub struct KeyTrie {
-    /// Per node: children sorted by byte.
-    pub children: Vec<Vec<(u8, u32)>>,
+    /// The trie's edges.
+    pub edges: Edges,
     /// Per node: the property whose key ends here.
     pub terminal: Vec<Option<u16>>,
     /// Per node: the sorted property indices whose keys pass through it.
@@ -36,22 +74,17 @@ pub struct KeyTrie {
 impl KeyTrie {
     /// The trie of `props`' keys.
     pub fn build(props: &[Prop]) -> Self {
-        let mut t = KeyTrie { children: vec![Vec::new()], terminal: vec![None], below: vec![Vec::new()] };
+        let mut t = KeyTrie { edges: Edges::default(), terminal: vec![None], below: vec![Vec::new()] };
         for (i, p) in props.iter().enumerate() {
             let mut n = 0usize;
             t.below[0].push(i as u16);
             for &b in &p.key {
-                n = match t.children[n].binary_search_by_key(&b, |&(c, _)| c) {
-                    Ok(k) => t.children[n][k].1 as usize,
-                    Err(k) => {
-                        let id = t.children.len() as u32;
-                        t.children[n].insert(k, (b, id));
-                        t.children.push(Vec::new());
-                        t.terminal.push(None);
-                        t.below.push(Vec::new());
-                        id as usize
-                    }
-                };
+                let (next, new) = t.edges.child_or_insert(n, b);
+                if new {
+                    t.terminal.push(None);
+                    t.below.push(Vec::new());
+                }
+                n = next;
                 t.below[n].push(i as u16);
             }
             t.terminal[n] = Some(i as u16);
@@ -62,8 +95,7 @@ impl KeyTrie {
     /// The child of `node` by `byte`.
     #[inline]
     pub fn child(&self, node: u32, byte: u8) -> Option<u32> {
-        let c = &self.children[node as usize];
-        c.binary_search_by_key(&byte, |&(b, _)| b).ok().map(|k| c[k].1)
+        self.edges.child(node, byte)
     }
 }
 
@@ -149,8 +181,8 @@ pub enum Node {
 /// A set of byte strings as a trie: node 0 is the root.
 #[derive(Debug, Clone, Default)]
 pub struct LiteralTrie {
-    /// Per node: children sorted by byte.
-    pub children: Vec<Vec<(u8, u32)>>,
+    /// The trie's edges.
+    pub edges: Edges,
     /// Per node: whether a literal ends here.
     pub terminal: Vec<bool>,
 }
@@ -158,20 +190,15 @@ pub struct LiteralTrie {
 impl LiteralTrie {
     /// The trie of `values`.
     pub fn build<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let mut t = LiteralTrie { children: vec![Vec::new()], terminal: vec![false] };
+        let mut t = LiteralTrie { edges: Edges::default(), terminal: vec![false] };
         for v in values {
             let mut n = 0usize;
             for &b in v {
-                n = match t.children[n].binary_search_by_key(&b, |&(c, _)| c) {
-                    Ok(k) => t.children[n][k].1 as usize,
-                    Err(k) => {
-                        let id = t.children.len() as u32;
-                        t.children[n].insert(k, (b, id));
-                        t.children.push(Vec::new());
-                        t.terminal.push(false);
-                        id as usize
-                    }
-                };
+                let (next, new) = t.edges.child_or_insert(n, b);
+                if new {
+                    t.terminal.push(false);
+                }
+                n = next;
             }
             t.terminal[n] = true;
         }
@@ -181,8 +208,7 @@ impl LiteralTrie {
     /// The child of `node` by `byte`.
     #[inline]
     pub fn child(&self, node: u32, byte: u8) -> Option<u32> {
-        let c = &self.children[node as usize];
-        c.binary_search_by_key(&byte, |&(b, _)| b).ok().map(|k| c[k].1)
+        self.edges.child(node, byte)
     }
 }
 

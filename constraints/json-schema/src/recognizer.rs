@@ -293,7 +293,7 @@ impl SchemaRecognizer {
                     return;
                 }
                 match o.keys.terminal[t as usize] {
-                    Some(i) if (lo..=hi).contains(&i) && b == b'"' && o.keys.children[t as usize].is_empty() => {
+                    Some(i) if (lo..=hi).contains(&i) && b == b'"' && o.keys.edges.is_leaf(t) => {
                         // The key is complete: record it in the object frame.
                         let Some(Frame::Obj { node, phase, next, seen, count, .. }) = stack.pop() else { return };
                         let (next, seen) = match g.order {
@@ -439,7 +439,7 @@ impl SchemaRecognizer {
             Frame::Lit { set, trie } => {
                 let lits = &g.literals[set as usize];
                 if let Some(t) = lits.child(trie, b) {
-                    if lits.terminal[t as usize] && lits.children[t as usize].is_empty() {
+                    if lits.terminal[t as usize] && lits.edges.is_leaf(t) {
                         out.push(stack);
                     } else {
                         stack.push(Frame::Lit { set, trie: t });
