@@ -597,7 +597,8 @@ impl<'a> Compiler<'a> {
                 .filter_map(|v| v.as_f64())
                 .map(|x| {
                     self.push(Node::Number(NumberNode {
-                        integer: false,
+                        // Under `type: integer` the value is written as an integer.
+                        integer: !types.iter().any(|t| t == "number"),
                         min: Some((x, false)),
                         max: Some((x, false)),
                         multiple_of: None,

@@ -638,6 +638,8 @@ impl SchemaRecognizer {
                 }
                 frame(NUM_MINUS, true, 0.0, 0, 0, false)
             }
+            // `-0` is a float (-0.0) to most parsers: integers are written `0`.
+            (NUM_MINUS, b'0') if n.integer => NumStep::Reject,
             (NUM_START | NUM_MINUS, b'0') => {
                 // A leading zero is 0 (integer) or below 1 (number): reject it when the
                 // minimum cannot be reached that way.
@@ -692,8 +694,13 @@ impl SchemaRecognizer {
             // only shrinks it.
             (NUM_E, b'+') if !(tracked && grows_past(n, neg, v)) => frame(NUM_ESIGN, neg, v, frac, 0, false),
             (NUM_E, b'-') if !(tracked && shrinks_past(n, neg, v)) => frame(NUM_ESIGN, neg, v, frac, 0, true),
-            (NUM_E | NUM_ESIGN | NUM_EXP, _) if digit => {
-                let e = if tracked { exp.saturating_mul(10).saturating_add(d as u16).min(400) } else { 0 };
+            // At most two exponent digits (untracked) so that every number stays finite.
+            (NUM_E | NUM_ESIGN | NUM_EXP, _) if digit && (tracked || phase != NUM_EXP || exp < 1) => {
+                let e = if tracked {
+                    exp.saturating_mul(10).saturating_add(d as u16).min(400)
+                } else {
+                    u16::from(phase == NUM_EXP)
+                };
                 if tracked {
                     let cv = scaled(v, e, exp_neg);
                     let dead = if exp_neg { shrinks_past(n, neg, cv) } else { grows_past(n, neg, cv) };

@@ -78,6 +78,9 @@ fn arrays_strings_numbers_and_literals() {
     let start = dspark_guest::Recognizer::start(&rec);
     assert!(dspark_guest::Recognizer::advance(&rec, &start, b'1').is_none(), "1… never reaches [2000, 2100]");
     assert!(dspark_guest::Recognizer::advance(&rec, &start, b'2').is_some());
+    check(r#"{"type":"integer","enum":[1,2]}"#, "{}", &["1", "2"], &["1.0", "3"]);
+    check(r#"{"type":"integer"}"#, "{}", &["0", "-1"], &["-0", "1.0", "1e2"]);
+    check(r#"{"type":"number"}"#, "{}", &["1e99", "-2.5E-07"], &["1e100", "1e999"]);
     check(r#"{"type":"integer","multipleOf":3}"#, "{}", &["0", "9", "-3"], &["4", "1.5"]);
     check(
         r#"{"type":"number","minimum":0,"maximum":1}"#,
