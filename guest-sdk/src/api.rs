@@ -67,6 +67,18 @@ impl fmt::Display for ConstraintError {
 
 impl std::error::Error for ConstraintError {}
 
+/// Checks that `kind` is one of the kinds a plugin serves, with the error every plugin gives.
+pub fn check_kind(kind: &str, served: &[&str]) -> Result<(), ConstraintError> {
+    if served.contains(&kind) {
+        return Ok(());
+    }
+    let list: Vec<String> = served.iter().map(|k| format!("`{k}`")).collect();
+    Err(ConstraintError::new(
+        ErrorCode::InvalidKind,
+        format!("unknown kind `{kind}`; this plugin serves {}", list.join(", ")),
+    ))
+}
+
 /// Checks the options of a plugin that defines none: empty, or an empty JSON object.
 pub fn no_options(options: &str) -> Result<(), ConstraintError> {
     let compact: String = options.chars().filter(|c| !c.is_whitespace()).collect();
@@ -183,6 +195,14 @@ pub trait Matcher: Send + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn check_kind_names_the_served_kinds() {
+        assert!(check_kind("a", &["a", "b"]).is_ok());
+        let e = check_kind("c", &["a", "b"]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidKind);
+        assert_eq!(e.message, "unknown kind `c`; this plugin serves `a`, `b`");
+    }
 
     #[test]
     fn no_options_accepts_only_nothing() {

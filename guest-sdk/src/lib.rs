@@ -26,7 +26,8 @@ mod trie;
 pub mod wasm;
 
 pub use api::{
-    CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, Warning, no_options,
+    CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, Warning, check_kind,
+    no_options,
 };
 pub use bitset::TokenSet;
 pub use recognizer::{MAX_FORCED_BYTES, MaskCache, Recognizer, RecognizerConstraint, RecognizerMatcher};

@@ -122,12 +122,7 @@ impl Plugin for ChoicePlugin {
         options: &str,
         table: &Arc<TokenTable>,
     ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
-        if kind != "choice" {
-            return Err(ConstraintError::new(
-                ErrorCode::InvalidKind,
-                format!("unknown kind `{kind}`; this plugin serves `choice`"),
-            ));
-        }
+        dspark_guest::check_kind(kind, &["choice"])?;
         dspark_guest::no_options(options)?;
         let choices: Vec<String> = serde_json::from_str(source).map_err(|e| {
             ConstraintError::new(ErrorCode::InvalidSource, format!("the source must be a JSON array of strings: {e}"))

@@ -32,6 +32,9 @@ use serde_json::Value;
 use graph::PropertyOrder;
 use recognizer::SchemaRecognizer;
 
+/// The kinds this plugin serves.
+pub const KINDS: [&str; 3] = ["json-schema", "json-object", "json-value"];
+
 /// Sources longer than this are refused: four times the largest schema of JSONSchemaBench
 /// (0.9 MB), and small enough that parsing and compiling stay within the plugin's memory.
 pub const MAX_SOURCE_BYTES: usize = 4 << 20;
@@ -67,11 +70,12 @@ pub fn compile_recognizer(
     source: &str,
     options: &str,
 ) -> Result<(SchemaRecognizer, Vec<dspark_guest::Warning>), ConstraintError> {
+    dspark_guest::check_kind(kind, &KINDS)?;
     let (order, draft) = parse_options(options)?;
     match kind {
         "json-object" => Ok((SchemaRecognizer::new(compile::Compiler::any(true, order)), Vec::new())),
         "json-value" => Ok((SchemaRecognizer::new(compile::Compiler::any(false, order)), Vec::new())),
-        "json-schema" => {
+        _ => {
             if source.len() > MAX_SOURCE_BYTES {
                 return Err(ConstraintError::new(
                     ErrorCode::TooLarge,
@@ -88,10 +92,6 @@ pub fn compile_recognizer(
             let (graph, warnings) = compile::Compiler::with_draft(&schema, draft.as_deref()).compile(order)?;
             Ok((SchemaRecognizer::new(graph), warnings))
         }
-        other => Err(ConstraintError::new(
-            ErrorCode::InvalidKind,
-            format!("unknown kind `{other}`; this plugin serves json-schema, json-object, json-value"),
-        )),
     }
 }
 
@@ -101,7 +101,7 @@ pub struct JsonSchemaPlugin;
 
 impl Plugin for JsonSchemaPlugin {
     fn kinds(&self) -> Vec<String> {
-        vec!["json-schema".into(), "json-object".into(), "json-value".into()]
+        KINDS.iter().map(|k| k.to_string()).collect()
     }
 
     fn compile(

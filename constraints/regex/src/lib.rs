@@ -126,12 +126,7 @@ impl Plugin for RegexPlugin {
         options: &str,
         table: &Arc<TokenTable>,
     ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
-        if kind != "regex" {
-            return Err(ConstraintError::new(
-                ErrorCode::InvalidKind,
-                format!("unknown kind `{kind}`; this plugin serves `regex`"),
-            ));
-        }
+        dspark_guest::check_kind(kind, &["regex"])?;
         dspark_guest::no_options(options)?;
         Ok(RecognizerConstraint::new(RegexRecognizer::new(source)?, table, Vec::new()))
     }

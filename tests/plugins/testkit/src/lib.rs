@@ -60,9 +60,9 @@ impl Plugin for Testkit {
         _options: &str,
         table: &Arc<TokenTable>,
     ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
-        let Some(kind) = KINDS.iter().copied().find(|k| *k == kind) else {
-            return Err(ConstraintError::new(ErrorCode::InvalidKind, format!("unknown kind `{kind}`")));
-        };
+        dspark_guest::check_kind(kind, &KINDS)?;
+        // The served name as a `'static` str (the frames keep it).
+        let kind = KINDS.iter().copied().find(|k| *k == kind).unwrap_or("bitset");
         if kind == "wasi-probe" {
             return Err(ConstraintError::new(ErrorCode::Unsupported, wasi_probe()));
         }
