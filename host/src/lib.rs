@@ -10,10 +10,10 @@
 //!   scanned at start and on change.
 //! - [`tokenizer`]: the tokenizer's vocabulary as the byte table plugins get, and the canonical
 //!   tokenisation they ask the host for.
-//!
-//! The model engine (GGUF models, KV cache, scheduler, sampler) and the path tree are later
-//! modules of this crate (see ARCHITECTURE.md).
+//! - [`engine`]: the model engine: GGUF models (llama, qwen2) over a backend trait, the paged
+//!   KV cache with prefix caching, the continuous-batching scheduler and the sampler.
 
+pub mod engine;
 pub mod plugin;
 pub mod registry;
 pub mod tokenizer;

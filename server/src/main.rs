@@ -1,8 +1,8 @@
 //! `dspark`: the command-line entry point.
 //!
-//! Subcommands so far: `plugins list|validate` (the plugin registry) and `constraint check`
-//! (drive a real constraint plugin in wasmtime over a text, without a model). `serve`,
-//! `generate` and `bench` arrive with the engine and server work.
+//! Subcommands so far: `plugins list|validate` (the plugin registry), `constraint check|maskbench`
+//! (drive a real constraint plugin in wasmtime without a model) and `generate` (one prompt
+//! through the engine). `serve` and `bench` arrive with the server work.
 
 mod cli;
 

@@ -131,3 +131,13 @@ impl CanonicalTokenizer for ByteTokenizer {
         out
     }
 }
+
+/// The default model, SmolLM2-135M-Instruct (Q4_1 GGUF, `llama` architecture).
+pub fn smollm2() -> PathBuf {
+    require("assets/SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/fetch-assets.sh")
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, `qwen2` architecture, 152k vocabulary).
+pub fn qwen25() -> PathBuf {
+    require("assets/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "scripts/fetch-assets.sh")
+}

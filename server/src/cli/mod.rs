@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch.
 
 mod constraint;
+mod generate;
 mod maskbench;
 mod plugins;
 
@@ -27,6 +28,8 @@ enum Command {
     /// Exercise constraints without a model.
     #[command(subcommand)]
     Constraint(constraint::ConstraintCommand),
+    /// Generate text from a prompt with a GGUF model (prints prompt and decode timings).
+    Generate(generate::GenerateArgs),
 }
 
 /// Options every command that runs plugins shares.
@@ -54,5 +57,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plugins(c) => plugins::run(c),
         Command::Constraint(c) => constraint::run(c),
+        Command::Generate(a) => generate::run(a).map(|()| ExitCode::SUCCESS),
     }
 }

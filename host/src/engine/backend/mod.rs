@@ -1,0 +1,225 @@
+//! The backend trait: the handful of operations a decoder-only transformer needs.
+//!
+//! Model definitions ([`crate::engine::model`]) are written once against [`Backend`]; a backend
+//! (the CPU one here, CUDA later) implements the ops on its own tensor type. Activations are
+//! row-major `[rows, cols]` matrices of f32, one row per token of the flattened batch.
+//!
+//! The KV cache belongs to the backend (device memory) but its layout is fixed by
+//! [`KvShape`]: `num_blocks * block_size` slots per layer, each holding `kv_heads * head_dim`
+//! keys and as many values. Which slot a token's K/V goes to, and which slots a query attends
+//! to, come from the block tables in [`ForwardBatch`].
+
+pub mod cpu;
+
+use candle_core::quantized::QTensor;
+
+pub use cpu::CpuBackend;
+
+/// How rotary embeddings pair the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Adjacent pairs `(2i, 2i+1)`: GGML's layout for `llama` (the converter permutes Q/K).
+    Interleaved,
+    /// Halves `(i, i + d/2)`: the GPT-NeoX layout, used by `qwen2`.
+    Halves,
+}
+
+/// Rotary position embedding tables: `cos`/`sin` of `position * theta^(-2i/d)` for each
+/// position below `max_positions` and each of the `head_dim / 2` frequencies.
+pub struct RopeTable {
+    /// Dimensions per head.
+    pub head_dim: usize,
+    /// The pairing of dimensions.
+    pub layout: RopeLayout,
+    /// Row-major `[max_positions, head_dim / 2]`.
+    pub cos: Vec<f32>,
+    /// Row-major `[max_positions, head_dim / 2]`.
+    pub sin: Vec<f32>,
+}
+
+impl RopeTable {
+    /// Tables for positions `0..max_positions` with frequency base `theta`.
+    pub fn new(head_dim: usize, theta: f32, layout: RopeLayout, max_positions: usize) -> Self {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32)).collect();
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        for position in 0..max_positions {
+            for &f in &inv_freq {
+                let angle = position as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        Self { head_dim, layout, cos, sin }
+    }
+
+    /// The number of positions covered.
+    pub fn max_positions(&self) -> usize {
+        self.cos.len() / (self.head_dim / 2).max(1)
+    }
+}
+
+/// The geometry of a paged KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    /// Transformer layers.
+    pub layers: usize,
+    /// Blocks per layer.
+    pub num_blocks: usize,
+    /// Token slots per block.
+    pub block_size: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Dimensions per head.
+    pub head_dim: usize,
+}
+
+impl KvShape {
+    /// Bytes of cache per token slot across all layers, for an element of `elem_bytes`.
+    pub fn bytes_per_slot(&self, elem_bytes: usize) -> usize {
+        2 * self.layers * self.kv_heads * self.head_dim * elem_bytes
+    }
+}
+
+/// One sequence's part of a [`ForwardBatch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchSeq {
+    /// First row of this sequence in the flattened batch.
+    pub start: usize,
+    /// Number of rows (tokens fed this step).
+    pub len: usize,
+    /// The sequence's block table: cache blocks in position order.
+    pub block_table: Vec<u32>,
+}
+
+/// The input of one forward pass: tokens of several sequences, flattened.
+///
+/// Every row attends to the cached positions `0..=positions[row]` of its own sequence; the
+/// rows of this step are written to the cache before attention, so a multi-token chunk and
+/// a prefill chunk are the same case as a single decode token.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ForwardBatch {
+    /// Token ids, one per row.
+    pub tokens: Vec<u32>,
+    /// Position of each row within its sequence.
+    pub positions: Vec<u32>,
+    /// KV-cache slot each row's keys and values are written to.
+    pub slots: Vec<u32>,
+    /// The sequences, in row order.
+    pub seqs: Vec<BatchSeq>,
+    /// Rows whose logits are wanted, in output order.
+    pub logits_rows: Vec<usize>,
+}
+
+impl ForwardBatch {
+    /// Appends `tokens` of one sequence starting at `first_position`, with slots taken from
+    /// `block_table` (`block_size` slots per block). When `want_logits`, the last row's logits
+    /// are requested.
+    pub fn push_sequence(
+        &mut self,
+        tokens: &[u32],
+        first_position: usize,
+        block_table: &[u32],
+        block_size: usize,
+        want_logits: bool,
+    ) {
+        let start = self.tokens.len();
+        for (i, &token) in tokens.iter().enumerate() {
+            let position = first_position + i;
+            let block = block_table[position / block_size] as usize;
+            self.tokens.push(token);
+            self.positions.push(position as u32);
+            self.slots.push((block * block_size + position % block_size) as u32);
+        }
+        self.seqs.push(BatchSeq { start, len: tokens.len(), block_table: block_table.to_vec() });
+        if want_logits && !tokens.is_empty() {
+            self.logits_rows.push(start + tokens.len() - 1);
+        }
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the batch has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// Attention geometry of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionHeads {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: usize,
+    /// Dimensions per head.
+    pub head_dim: usize,
+}
+
+/// The ops a decoder needs, on a backend's own tensors.
+pub trait Backend: Send + Sync + 'static {
+    /// An activation matrix `[rows, cols]` of f32.
+    type Tensor: Send;
+    /// A weight matrix `[out, in]`, possibly quantised.
+    type Matrix: Send + Sync;
+    /// A weight vector (norm scale or bias).
+    type Vector: Send + Sync;
+    /// The paged K/V blocks of all layers.
+    type KvCache: Send;
+
+    /// A short name for logs (`cpu`, `cuda:0`).
+    fn name(&self) -> String;
+    /// Takes a weight matrix from the file's representation.
+    fn matrix(&self, weight: QTensor) -> anyhow::Result<Self::Matrix>;
+    /// Takes a weight vector from the file's representation.
+    fn vector(&self, weight: QTensor) -> anyhow::Result<Self::Vector>;
+    /// Allocates a zeroed KV cache.
+    fn kv_cache(&self, shape: KvShape) -> anyhow::Result<Self::KvCache>;
+    /// Bytes of weights held by a matrix (for the memory report).
+    fn matrix_bytes(&self, matrix: &Self::Matrix) -> usize;
+
+    /// Rows of the embedding table `table` (`[vocab, hidden]`) for `tokens`.
+    fn embed(&self, table: &Self::Matrix, tokens: &[u32]) -> anyhow::Result<Self::Tensor>;
+    /// `x / sqrt(mean(x^2) + eps) * weight`, row by row.
+    fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Vector, eps: f32) -> anyhow::Result<Self::Tensor>;
+    /// `x @ weight^T (+ bias)`.
+    fn linear(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Matrix,
+        bias: Option<&Self::Vector>,
+    ) -> anyhow::Result<Self::Tensor>;
+    /// `x += y`.
+    fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> anyhow::Result<()>;
+    /// `silu(gate) * up`.
+    fn silu_mul(&self, gate: &Self::Tensor, up: &Self::Tensor) -> anyhow::Result<Self::Tensor>;
+    /// Rotates each head of `x` (`[rows, heads * head_dim]`) by its row's position.
+    fn rope(&self, x: &mut Self::Tensor, positions: &[u32], table: &RopeTable) -> anyhow::Result<()>;
+    /// Writes the rows of `k` and `v` (`[rows, kv_heads * head_dim]`) to their slots of `layer`.
+    fn write_kv(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        slots: &[u32],
+    ) -> anyhow::Result<()>;
+    /// Causal attention of the queries `q` (`[rows, heads * head_dim]`) over the cached keys and
+    /// values of `layer`, following the batch's block tables.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        layer: usize,
+        batch: &ForwardBatch,
+        heads: AttentionHeads,
+    ) -> anyhow::Result<Self::Tensor>;
+    /// The listed rows of `x`, in that order.
+    fn select_rows(&self, x: &Self::Tensor, rows: &[usize]) -> anyhow::Result<Self::Tensor>;
+    /// Copies a tensor to host memory, row-major.
+    fn to_host(&self, x: &Self::Tensor) -> anyhow::Result<Vec<f32>>;
+}

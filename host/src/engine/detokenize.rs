@@ -1,0 +1,146 @@
+//! Incremental text of a generation, with stop strings that may span tokens.
+//!
+//! Token bytes arrive one token at a time; a UTF-8 character may be split across tokens, so
+//! bytes wait until they form whole characters (invalid bytes become U+FFFD). Stop strings are
+//! searched in the text as it grows; the text is cut where the first one starts, and that
+//! string is not part of the output (OpenAI's behaviour). A streaming delta holds back any
+//! tail that could still become a stop string, so a client never sees text that is later
+//! taken back.
+
+/// The growing text of one sequence.
+#[derive(Debug, Default)]
+pub struct OutputText {
+    pending: Vec<u8>,
+    text: String,
+    emitted: usize,
+    stops: Vec<String>,
+    stopped: bool,
+}
+
+impl OutputText {
+    /// Empty text watching for `stops` (empty strings are ignored).
+    pub fn new(stops: Vec<String>) -> Self {
+        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), ..Self::default() }
+    }
+
+    /// Appends a token's bytes. Returns `true` when a stop string has appeared; the text then
+    /// ends before it and later bytes are ignored.
+    pub fn push(&mut self, bytes: &[u8]) -> bool {
+        if self.stopped {
+            return true;
+        }
+        self.pending.extend_from_slice(bytes);
+        let before = self.text.len();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    self.text.push_str(s);
+                    self.pending.clear();
+                    break;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    // The prefix was just checked to be UTF-8.
+                    self.text.push_str(std::str::from_utf8(&self.pending[..valid]).unwrap_or_default());
+                    match e.error_len() {
+                        None => {
+                            self.pending.drain(..valid);
+                            break;
+                        }
+                        Some(bad) => {
+                            self.text.push('\u{FFFD}');
+                            self.pending.drain(..valid + bad);
+                        }
+                    }
+                }
+            }
+        }
+        self.find_stop(before)
+    }
+
+    fn find_stop(&mut self, before: usize) -> bool {
+        let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
+        let mut from = before.saturating_sub(longest.saturating_sub(1));
+        while !self.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        let hit = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i)).min();
+        if let Some(at) = hit {
+            self.text.truncate(at);
+            self.pending.clear();
+            self.stopped = true;
+        }
+        self.stopped
+    }
+
+    /// Whether a stop string ended the text.
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// The whole text so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Text not yet returned. Unless `finished`, a tail that could begin a stop string is held
+    /// back.
+    pub fn delta(&mut self, finished: bool) -> String {
+        let end = if finished || self.stopped { self.text.len() } else { self.text.len() - self.held_back() };
+        let end = end.max(self.emitted);
+        let delta = self.text[self.emitted..end].to_string();
+        self.emitted = end;
+        delta
+    }
+
+    fn held_back(&self) -> usize {
+        self.stops
+            .iter()
+            .filter_map(|s| (1..s.len()).rev().find(|&k| s.is_char_boundary(k) && self.text.ends_with(&s[..k])))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn characters_split_across_tokens_wait() {
+        let mut t = OutputText::new(vec![]);
+        let e_acute = "é".as_bytes();
+        t.push(b"caf");
+        t.push(&e_acute[..1]);
+        assert_eq!(t.delta(false), "caf");
+        t.push(&e_acute[1..]);
+        assert_eq!(t.delta(false), "é");
+        t.push(&[0xff, b'x']);
+        assert_eq!(t.delta(true), "\u{FFFD}x");
+    }
+
+    #[test]
+    fn stop_strings_across_tokens_are_cut_and_never_streamed() {
+        let mut t = OutputText::new(vec!["END".into(), "\n\n".into()]);
+        assert!(!t.push(b"hello E"));
+        assert_eq!(t.delta(false), "hello ");
+        assert!(!t.push(b"N"));
+        assert_eq!(t.delta(false), "");
+        assert!(t.push(b"Dmore"));
+        assert_eq!(t.delta(false), "");
+        assert_eq!(t.text(), "hello ");
+        assert!(t.push(b"ignored"));
+        assert_eq!(t.text(), "hello ");
+    }
+
+    #[test]
+    fn a_false_start_is_released() {
+        let mut t = OutputText::new(vec!["END".into()]);
+        t.push(b"the E");
+        assert_eq!(t.delta(false), "the ");
+        t.push(b"nd");
+        assert_eq!(t.delta(false), "End");
+        t.push(b" EN");
+        assert_eq!(t.delta(true), " EN");
+    }
+}

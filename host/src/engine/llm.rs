@@ -1,0 +1,512 @@
+//! The engine: requests in, tokens and text out, one [`LlmEngine::step`] at a time.
+//!
+//! A step asks the [`Scheduler`] for a plan, runs one forward pass over the flattened batch,
+//! and for every sequence whose last token was computed: asks its constraint for a mask,
+//! samples, checks EOS / stop tokens / stop strings / length, and commits the token to the
+//! constraint. A constraint may answer with a forced span (DSpark's fast-forward): those
+//! tokens are appended without sampling and fed to the model as one multi-token chunk in the
+//! next step. Cancellation removes a sequence and frees its blocks immediately.
+//!
+//! The engine is synchronous and single-threaded by design (the model's kernels are
+//! parallel); the server drives it from a dedicated thread.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use thiserror::Error;
+
+use super::backend::{Backend, ForwardBatch, KvShape};
+use super::blocks::BlockManager;
+use super::detokenize::OutputText;
+use super::gguf_tokenizer::ModelTokenizer;
+use super::model::Model;
+use super::sampler::{ParamError, Rng, SamplingParams, TokenHistory, sample};
+use super::scheduler::{Scheduler, SchedulerConfig, SeqId};
+
+/// Engine limits. `Default` suits a small model on a CPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Sequences running at once.
+    pub max_num_seqs: usize,
+    /// Tokens per forward pass (decode tokens, chunks and prefill together).
+    pub max_num_batched_tokens: usize,
+    /// Longest sequence (prompt plus output); `None` is the model's context length.
+    pub max_model_len: Option<usize>,
+    /// Token slots per KV block.
+    pub block_size: usize,
+    /// KV cache capacity in tokens; `None` is `max_num_seqs * max_model_len`, capped by
+    /// `kv_cache_max_bytes` (never below one `max_model_len`).
+    pub kv_cache_tokens: Option<usize>,
+    /// The cap on the default KV cache size.
+    pub kv_cache_max_bytes: usize,
+    /// Share cached full blocks between sequences with the same prefix.
+    pub prefix_caching: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 16,
+            max_num_batched_tokens: 512,
+            max_model_len: None,
+            block_size: 16,
+            kv_cache_tokens: None,
+            kv_cache_max_bytes: 2 << 30,
+            prefix_caching: true,
+        }
+    }
+}
+
+/// Bytes per KV element (the caches are f16).
+const KV_ELEMENT_BYTES: usize = 2;
+
+/// A constraint on one sequence's output (a plugin matcher, through the path tree or not).
+pub trait SequenceConstraint: Send {
+    /// The forced span at the start of the output.
+    fn start(&mut self) -> anyhow::Result<ConstraintStep>;
+    /// The tokens allowed next, as a bitset (bit `i % 32` of word `i / 32`); `None` allows
+    /// every token.
+    fn mask(&mut self) -> anyhow::Result<Option<Vec<u32>>>;
+    /// Records a sampled token and returns what follows it.
+    fn commit(&mut self, token: u32) -> anyhow::Result<ConstraintStep>;
+}
+
+/// What a constraint says after a token.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConstraintStep {
+    /// Tokens that must follow (fast-forward span).
+    pub forced: Vec<u32>,
+    /// The output is complete: the next token could only be EOS.
+    pub stop: bool,
+}
+
+/// A generation request.
+pub struct GenerationRequest {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// Most generated tokens (forced ones included); `None` runs to `max_model_len`.
+    pub max_tokens: Option<usize>,
+    /// Stop strings (not included in the text).
+    pub stop: Vec<String>,
+    /// Extra token ids that end generation.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep going past EOS.
+    pub ignore_eos: bool,
+    /// The output constraint, if any.
+    pub constraint: Option<Box<dyn SequenceConstraint>>,
+}
+
+impl GenerationRequest {
+    /// An unconstrained request with default sampling.
+    pub fn new(prompt: Vec<u32>) -> Self {
+        Self {
+            prompt,
+            sampling: SamplingParams::default(),
+            max_tokens: None,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            constraint: None,
+        }
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Error)]
+pub enum RequestError {
+    /// The prompt leaves no room for output.
+    #[error(
+        "this model's maximum context length is {max_model_len} tokens, but the prompt has {prompt_tokens} tokens; \
+         shorten the prompt (at least one token must be left for the output)"
+    )]
+    PromptTooLong {
+        /// Tokens in the prompt.
+        prompt_tokens: usize,
+        /// The limit.
+        max_model_len: usize,
+    },
+    /// No prompt tokens.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// A sampling parameter is out of range.
+    #[error(transparent)]
+    Params(#[from] ParamError),
+    /// `max_tokens` is 0.
+    #[error("`max_tokens` must be at least 1")]
+    ZeroMaxTokens,
+    /// The constraint failed before generation.
+    #[error("the constraint failed to start: {0}")]
+    Constraint(String),
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token, a stop string, or the constraint's end.
+    Stop,
+    /// `max_tokens` or `max_model_len`.
+    Length,
+    /// The constraint or the sampler failed; the message says why.
+    Error(String),
+}
+
+/// One generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenOutput {
+    /// The token id.
+    pub token: u32,
+    /// Appended by the constraint without sampling.
+    pub forced: bool,
+    /// Log-probability, when requested (forced tokens have none).
+    pub logprob: Option<f32>,
+    /// Best alternatives, when requested.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// What one step produced for one sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SequenceUpdate {
+    /// The sequence.
+    pub id: SeqId,
+    /// New tokens (a sampled one, then any forced span).
+    pub tokens: Vec<TokenOutput>,
+    /// New text (held back where a stop string might be starting).
+    pub text: String,
+    /// Set on the sequence's last update.
+    pub finish: Option<FinishReason>,
+}
+
+/// Counters since the engine started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Forward passes.
+    pub steps: u64,
+    /// Prompt tokens computed (prefix-cache hits excluded, recomputation included).
+    pub prompt_tokens_computed: u64,
+    /// Tokens sampled.
+    pub sampled_tokens: u64,
+    /// Tokens appended by constraints without sampling.
+    pub forced_tokens: u64,
+    /// Sequences preempted.
+    pub preemptions: u64,
+}
+
+struct RequestState {
+    sampling: SamplingParams,
+    rng: Rng,
+    history: TokenHistory,
+    max_tokens: usize,
+    stop_token_ids: Vec<u32>,
+    ignore_eos: bool,
+    constraint: Option<Box<dyn SequenceConstraint>>,
+    text: OutputText,
+    generated: usize,
+    /// Output produced before the first step (the constraint's initial span).
+    pending: Vec<TokenOutput>,
+    /// Set when the request ended before any step.
+    finished_early: Option<FinishReason>,
+}
+
+/// The engine of one model.
+pub struct LlmEngine<B: Backend> {
+    model: Arc<Model<B>>,
+    tokenizer: Arc<ModelTokenizer>,
+    cache: B::KvCache,
+    scheduler: Scheduler,
+    requests: HashMap<SeqId, RequestState>,
+    next_id: SeqId,
+    max_model_len: usize,
+    block_size: usize,
+    stats: EngineStats,
+}
+
+impl<B: Backend> LlmEngine<B> {
+    /// An engine over a loaded model. Fails when the limits cannot be met (e.g. a KV cache
+    /// smaller than one sequence of `max_model_len`).
+    pub fn new(model: Arc<Model<B>>, tokenizer: Arc<ModelTokenizer>, config: &EngineConfig) -> anyhow::Result<Self> {
+        let mc = model.config().clone();
+        let max_model_len = config.max_model_len.unwrap_or(mc.context_length);
+        if max_model_len == 0 || config.block_size == 0 || config.max_num_seqs == 0 {
+            bail!("max_model_len, block_size and max_num_seqs must be positive");
+        }
+        if max_model_len > mc.context_length {
+            bail!("max_model_len {max_model_len} exceeds the model's context length {}", mc.context_length);
+        }
+        if config.max_num_batched_tokens == 0 {
+            bail!("max_num_batched_tokens must be positive");
+        }
+        let shape = |num_blocks| KvShape {
+            layers: mc.layers,
+            num_blocks,
+            block_size: config.block_size,
+            kv_heads: mc.kv_heads,
+            head_dim: mc.head_dim,
+        };
+        let bytes_per_token = shape(0).bytes_per_slot(KV_ELEMENT_BYTES);
+        let tokens = match config.kv_cache_tokens {
+            Some(t) => t,
+            None => (config.max_num_seqs * max_model_len)
+                .min(config.kv_cache_max_bytes / bytes_per_token.max(1))
+                .max(max_model_len),
+        };
+        let num_blocks = tokens.div_ceil(config.block_size);
+        if num_blocks * config.block_size < max_model_len {
+            bail!(
+                "the KV cache holds {} tokens, fewer than max_model_len {max_model_len}; raise the cache size or lower max_model_len",
+                num_blocks * config.block_size
+            );
+        }
+        let cache = model
+            .backend()
+            .kv_cache(shape(num_blocks))
+            .with_context(|| format!("cannot allocate a KV cache of {num_blocks} blocks"))?;
+        let scheduler = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: config.max_num_seqs,
+                max_num_batched_tokens: config.max_num_batched_tokens,
+            },
+            BlockManager::new(num_blocks, config.block_size, config.prefix_caching),
+        );
+        Ok(Self {
+            model,
+            tokenizer,
+            cache,
+            scheduler,
+            requests: HashMap::new(),
+            next_id: 0,
+            max_model_len,
+            block_size: config.block_size,
+            stats: EngineStats::default(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model<B>> {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<ModelTokenizer> {
+        &self.tokenizer
+    }
+
+    /// The longest sequence accepted.
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    /// The scheduler (queue lengths, cache usage, prefix-cache counters).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// Whether any request is unfinished.
+    pub fn has_work(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// Queues a request and returns its id.
+    pub fn add_request(&mut self, request: GenerationRequest) -> Result<SeqId, RequestError> {
+        let GenerationRequest { prompt, sampling, max_tokens, stop, stop_token_ids, ignore_eos, mut constraint } =
+            request;
+        sampling.validate()?;
+        if prompt.is_empty() {
+            return Err(RequestError::EmptyPrompt);
+        }
+        if prompt.len() >= self.max_model_len {
+            return Err(RequestError::PromptTooLong { prompt_tokens: prompt.len(), max_model_len: self.max_model_len });
+        }
+        if max_tokens == Some(0) {
+            return Err(RequestError::ZeroMaxTokens);
+        }
+        let room = self.max_model_len - prompt.len();
+        let max_tokens = max_tokens.map_or(room, |m| m.min(room));
+        let mut state = RequestState {
+            rng: sampling.seed.map_or_else(Rng::from_entropy, Rng::new),
+            history: TokenHistory::new(&prompt),
+            sampling,
+            max_tokens,
+            stop_token_ids,
+            ignore_eos,
+            constraint: None,
+            text: OutputText::new(stop),
+            generated: 0,
+            pending: Vec::new(),
+            finished_early: None,
+        };
+        let mut tokens = prompt;
+        let prompt_len = tokens.len();
+        if let Some(c) = constraint.as_mut() {
+            let first = c.start().map_err(|e| RequestError::Constraint(format!("{e:#}")))?;
+            let mut out = Vec::new();
+            state.finished_early = self.absorb_forced(&mut state, &first, &mut out);
+            tokens.extend(out.iter().map(|t| t.token));
+            state.pending = out;
+        }
+        state.constraint = constraint;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.requests.insert(id, state);
+        self.scheduler.add(id, tokens, prompt_len);
+        Ok(id)
+    }
+
+    /// Cancels a request: its blocks are freed now. Returns whether it existed.
+    pub fn cancel(&mut self, id: SeqId) -> bool {
+        self.scheduler.finish(id);
+        self.requests.remove(&id).is_some()
+    }
+
+    /// Runs one step. Returns an update for every sequence that produced output or ended.
+    pub fn step(&mut self) -> anyhow::Result<Vec<SequenceUpdate>> {
+        let mut updates = self.finish_early_requests();
+        let plan = self.scheduler.schedule();
+        self.stats.preemptions += plan.preempted.len() as u64;
+        if plan.scheduled.is_empty() {
+            return Ok(updates);
+        }
+        let mut batch = ForwardBatch::default();
+        for s in &plan.scheduled {
+            let Some(seq) = self.scheduler.get(s.id) else { continue };
+            batch.push_sequence(
+                &seq.tokens[s.start..s.start + s.len],
+                s.start,
+                seq.block_table(),
+                self.block_size,
+                s.sample,
+            );
+            let prompt_part = seq.prompt_len.saturating_sub(s.start).min(s.len);
+            self.stats.prompt_tokens_computed += prompt_part as u64;
+        }
+        let mut logits = self.model.forward(&batch, &mut self.cache)?;
+        self.stats.steps += 1;
+        self.scheduler.complete(&plan);
+        let vocab = self.model.config().vocab_size;
+        let sampled = plan.scheduled.iter().filter(|s| s.sample);
+        for (s, row) in sampled.zip(logits.chunks_exact_mut(vocab)) {
+            if let Some(update) = self.advance(s.id, row) {
+                updates.push(update);
+            }
+        }
+        Ok(updates)
+    }
+
+    fn finish_early_requests(&mut self) -> Vec<SequenceUpdate> {
+        let ended: Vec<SeqId> =
+            self.requests.iter().filter(|(_, s)| s.finished_early.is_some()).map(|(&id, _)| id).collect();
+        ended
+            .into_iter()
+            .filter_map(|id| {
+                let mut state = self.requests.remove(&id)?;
+                self.scheduler.finish(id);
+                Some(SequenceUpdate {
+                    id,
+                    tokens: std::mem::take(&mut state.pending),
+                    text: state.text.delta(true),
+                    finish: state.finished_early,
+                })
+            })
+            .collect()
+    }
+
+    /// Samples the next token of `id` from `logits` and applies everything that follows.
+    fn advance(&mut self, id: SeqId, logits: &mut [f32]) -> Option<SequenceUpdate> {
+        let mut state = self.requests.remove(&id)?;
+        let mut tokens = std::mem::take(&mut state.pending);
+        let finish = self.advance_state(id, &mut state, logits, &mut tokens);
+        let text = state.text.delta(finish.is_some());
+        if finish.is_some() {
+            self.scheduler.finish(id);
+        } else {
+            self.requests.insert(id, state);
+        }
+        Some(SequenceUpdate { id, tokens, text, finish })
+    }
+
+    fn advance_state(
+        &mut self,
+        id: SeqId,
+        state: &mut RequestState,
+        logits: &mut [f32],
+        out: &mut Vec<TokenOutput>,
+    ) -> Option<FinishReason> {
+        let mask = match state.constraint.as_mut().map(|c| c.mask()) {
+            Some(Ok(mask)) => mask,
+            Some(Err(e)) => return Some(FinishReason::Error(format!("constraint mask failed: {e:#}"))),
+            None => None,
+        };
+        let sampled = match sample(logits, &state.sampling, &state.history, mask.as_deref(), &mut state.rng) {
+            Ok(s) => s,
+            Err(e) => return Some(FinishReason::Error(e.to_string())),
+        };
+        self.stats.sampled_tokens += 1;
+        let token = sampled.token;
+        state.history.push_output(token);
+        state.generated += 1;
+        out.push(TokenOutput { token, forced: false, logprob: sampled.logprob, top_logprobs: sampled.top });
+        let table = self.tokenizer.tokenizer.table();
+        let is_eos = !state.ignore_eos && self.tokenizer.eos.contains(&token);
+        if is_eos || state.stop_token_ids.contains(&token) {
+            return Some(FinishReason::Stop);
+        }
+        self.scheduler.append(id, &[token]);
+        if !table.is_special(token) && state.text.push(table.token_bytes(token)) {
+            return Some(FinishReason::Stop);
+        }
+        if let Some(constraint) = state.constraint.as_mut() {
+            let step = match constraint.commit(token) {
+                Ok(step) => step,
+                Err(e) => return Some(FinishReason::Error(format!("constraint commit failed: {e:#}"))),
+            };
+            let start = out.len();
+            let finish = self.absorb_forced(state, &step, out);
+            let forced: Vec<u32> = out[start..].iter().map(|t| t.token).collect();
+            self.scheduler.append(id, &forced);
+            if finish.is_some() {
+                return finish;
+            }
+        }
+        if state.generated >= state.max_tokens {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+
+    /// Appends a constraint's forced span to `out` (cut at `max_tokens`) and says whether the
+    /// sequence ends with it.
+    fn absorb_forced(
+        &mut self,
+        state: &mut RequestState,
+        step: &ConstraintStep,
+        out: &mut Vec<TokenOutput>,
+    ) -> Option<FinishReason> {
+        let table = self.tokenizer.tokenizer.table();
+        for &token in &step.forced {
+            if state.generated >= state.max_tokens {
+                return Some(FinishReason::Length);
+            }
+            state.history.push_output(token);
+            state.generated += 1;
+            self.stats.forced_tokens += 1;
+            out.push(TokenOutput { token, forced: true, logprob: None, top_logprobs: Vec::new() });
+            if !table.is_special(token) && state.text.push(table.token_bytes(token)) {
+                return Some(FinishReason::Stop);
+            }
+        }
+        if step.stop {
+            return Some(FinishReason::Stop);
+        }
+        if state.generated >= state.max_tokens {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+}

@@ -1,0 +1,193 @@
+//! The Llama decoder.
+//!
+//! For each token `x` (a row of the residual stream) and each of the `layers` blocks:
+//!
+//! ```text
+//! h  = rms_norm(x) * attn_norm
+//! q  = h Wq (+ bq),  k = h Wk (+ bk),  v = h Wv (+ bv)        per head of head_dim
+//! q, k = rope(q, position), rope(k, position)
+//! cache[slot(position)] = (k, v)
+//! a  = softmax(q k_j^T / sqrt(head_dim)) v_j  over the cached j <= position
+//!                                            (query head h reads kv head h / (heads / kv_heads))
+//! x  = x + a Wo
+//! h  = rms_norm(x) * ffn_norm
+//! x  = x + (silu(h Wgate) * (h Wup)) Wdown
+//! ```
+//!
+//! and finally `logits = rms_norm(x) * output_norm @ Woutput^T`, only for the rows whose
+//! logits are wanted. `Woutput` is the embedding table when the file has no `output.weight`
+//! (tied embeddings, as in SmolLM2).
+//!
+//! Tensor names follow GGUF: `token_embd`, `blk.N.{attn_norm, attn_q, attn_k, attn_v,
+//! attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down}`, `output_norm`, `output`.
+
+use anyhow::{Context, bail};
+
+use super::DecoderConfig;
+use crate::engine::backend::{AttentionHeads, Backend, ForwardBatch, RopeLayout, RopeTable};
+use crate::engine::gguf::GgufFile;
+
+/// Reads a `llama` GGUF's hyper-parameters.
+pub fn config(file: &GgufFile) -> anyhow::Result<DecoderConfig> {
+    let hidden = file.u32("llama.embedding_length")? as usize;
+    let heads = file.u32("llama.attention.head_count")? as usize;
+    if file.has_tensor("rope_freqs.weight") {
+        bail!("{}: scaled RoPE (rope_freqs.weight, Llama 3.1+) is not supported yet", file.path().display());
+    }
+    let vocab_size = match file.opt_u32("llama.vocab_size")? {
+        Some(v) => v as usize,
+        None => file.strings("tokenizer.ggml.tokens")?.len(),
+    };
+    Ok(DecoderConfig {
+        architecture: "llama".to_string(),
+        vocab_size,
+        hidden,
+        intermediate: file.u32("llama.feed_forward_length")? as usize,
+        layers: file.u32("llama.block_count")? as usize,
+        heads,
+        kv_heads: file.opt_u32("llama.attention.head_count_kv")?.map_or(heads, |v| v as usize),
+        head_dim: match file.opt_u32("llama.rope.dimension_count")? {
+            Some(d) => d as usize,
+            None => hidden / heads.max(1),
+        },
+        rms_eps: file.f32("llama.attention.layer_norm_rms_epsilon")?,
+        rope_theta: file.opt_f32("llama.rope.freq_base")?.unwrap_or(10_000.0),
+        rope_layout: RopeLayout::Interleaved,
+        qkv_bias: false,
+        context_length: file.opt_u32("llama.context_length")?.unwrap_or(4096) as usize,
+    })
+}
+
+struct Block<B: Backend> {
+    attn_norm: B::Vector,
+    wq: B::Matrix,
+    wk: B::Matrix,
+    wv: B::Matrix,
+    bias: Option<[B::Vector; 3]>,
+    wo: B::Matrix,
+    ffn_norm: B::Vector,
+    w_gate: B::Matrix,
+    w_up: B::Matrix,
+    w_down: B::Matrix,
+}
+
+/// A Llama-family decoder with its weights on a backend.
+pub struct Llama<B: Backend> {
+    backend: B,
+    config: DecoderConfig,
+    embedding: B::Matrix,
+    blocks: Vec<Block<B>>,
+    output_norm: B::Vector,
+    /// `None` when tied to the embedding table.
+    output: Option<B::Matrix>,
+    rope: RopeTable,
+}
+
+impl<B: Backend> Llama<B> {
+    /// Loads the weights described by `config` from `file`.
+    pub fn load(backend: B, file: &mut GgufFile, config: DecoderConfig, max_positions: usize) -> anyhow::Result<Self> {
+        if config.heads == 0 || config.kv_heads == 0 || config.heads % config.kv_heads != 0 || config.head_dim % 2 != 0
+        {
+            bail!(
+                "{}: unsupported attention geometry ({} heads, {} kv heads, head_dim {})",
+                file.path().display(),
+                config.heads,
+                config.kv_heads,
+                config.head_dim
+            );
+        }
+        let embedding = backend.matrix(file.tensor("token_embd.weight")?)?;
+        let mut blocks = Vec::with_capacity(config.layers);
+        for n in 0..config.layers {
+            let mut matrix = |name: &str| -> anyhow::Result<B::Matrix> {
+                backend.matrix(file.tensor(&format!("blk.{n}.{name}.weight"))?)
+            };
+            let (wq, wk, wv, wo) = (matrix("attn_q")?, matrix("attn_k")?, matrix("attn_v")?, matrix("attn_output")?);
+            let (w_gate, w_up, w_down) = (matrix("ffn_gate")?, matrix("ffn_up")?, matrix("ffn_down")?);
+            let mut vector =
+                |name: &str| -> anyhow::Result<B::Vector> { backend.vector(file.tensor(&format!("blk.{n}.{name}"))?) };
+            let bias = if config.qkv_bias {
+                Some([vector("attn_q.bias")?, vector("attn_k.bias")?, vector("attn_v.bias")?])
+            } else {
+                None
+            };
+            blocks.push(Block {
+                attn_norm: vector("attn_norm.weight")?,
+                wq,
+                wk,
+                wv,
+                bias,
+                wo,
+                ffn_norm: vector("ffn_norm.weight")?,
+                w_gate,
+                w_up,
+                w_down,
+            });
+        }
+        let output_norm = backend.vector(file.tensor("output_norm.weight")?)?;
+        let output = if file.has_tensor("output.weight") {
+            Some(backend.matrix(file.tensor("output.weight")?).context("output projection")?)
+        } else {
+            None
+        };
+        let rope = RopeTable::new(config.head_dim, config.rope_theta, config.rope_layout, max_positions);
+        Ok(Self { backend, config, embedding, blocks, output_norm, output, rope })
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &DecoderConfig {
+        &self.config
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Bytes of weight matrices.
+    pub fn weight_bytes(&self) -> usize {
+        let b = &self.backend;
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|k| {
+                [&k.wq, &k.wk, &k.wv, &k.wo, &k.w_gate, &k.w_up, &k.w_down]
+                    .iter()
+                    .map(|m| b.matrix_bytes(m))
+                    .sum::<usize>()
+            })
+            .sum();
+        blocks + b.matrix_bytes(self.output.as_ref().unwrap_or(&self.embedding))
+    }
+
+    /// One forward pass over `batch`; see the module docs for the math.
+    pub fn forward(&self, batch: &ForwardBatch, cache: &mut B::KvCache) -> anyhow::Result<Vec<f32>> {
+        let b = &self.backend;
+        let c = &self.config;
+        let heads = AttentionHeads { heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim };
+        let mut x = b.embed(&self.embedding, &batch.tokens)?;
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let h = b.rms_norm(&x, &block.attn_norm, c.rms_eps)?;
+            let [bq, bk, bv] = match &block.bias {
+                Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+                None => [None, None, None],
+            };
+            let mut q = b.linear(&h, &block.wq, bq)?;
+            let mut k = b.linear(&h, &block.wk, bk)?;
+            let v = b.linear(&h, &block.wv, bv)?;
+            b.rope(&mut q, &batch.positions, &self.rope)?;
+            b.rope(&mut k, &batch.positions, &self.rope)?;
+            b.write_kv(cache, layer, &k, &v, &batch.slots)?;
+            let attended = b.attention(&q, cache, layer, batch, heads)?;
+            b.add_assign(&mut x, &b.linear(&attended, &block.wo, None)?)?;
+
+            let h = b.rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
+            let gated = b.silu_mul(&b.linear(&h, &block.w_gate, None)?, &b.linear(&h, &block.w_up, None)?)?;
+            b.add_assign(&mut x, &b.linear(&gated, &block.w_down, None)?)?;
+        }
+        let last = b.select_rows(&x, &batch.logits_rows)?;
+        let normed = b.rms_norm(&last, &self.output_norm, c.rms_eps)?;
+        let logits = b.linear(&normed, self.output.as_ref().unwrap_or(&self.embedding), None)?;
+        b.to_host(&logits)
+    }
+}

@@ -1,0 +1,423 @@
+//! Sampling one token from a row of logits.
+//!
+//! The order of operations is vLLM's: penalties on the raw logits, then the constraint mask
+//! (disallowed tokens get `-inf`), then — for log-probabilities — a log-softmax of those
+//! processed logits, then temperature, top-k, min-p and top-p, and a draw from a per-request
+//! random stream. `temperature == 0` is greedy (ties go to the lowest id).
+//!
+//! Penalties follow the OpenAI and vLLM definitions: `presence_penalty` subtracts a constant
+//! from every token generated so far, `frequency_penalty` subtracts it once per occurrence,
+//! `repetition_penalty` (> 1 discourages) divides positive logits and multiplies negative ones
+//! for every token of the prompt and of the output.
+//!
+//! Masks use the plugins' bitset layout: bit `i % 32` of word `i / 32` allows token `i`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+
+/// How to pick tokens. Defaults are OpenAI's (temperature 1, no truncation, no penalties).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 is greedy.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1].
+    pub top_p: f32,
+    /// Keep the k most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Drop tokens below `min_p` times the most likely one's probability.
+    pub min_p: f32,
+    /// Seed of this request's random stream; `None` draws one.
+    pub seed: Option<u64>,
+    /// OpenAI presence penalty in [-2, 2].
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty in [-2, 2].
+    pub frequency_penalty: f32,
+    /// vLLM repetition penalty (> 0, 1 is off).
+    pub repetition_penalty: f32,
+    /// Return this many alternatives with their log-probabilities (`None`: no logprobs).
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logprobs: None,
+        }
+    }
+}
+
+/// Why a set of sampling parameters is rejected.
+#[derive(Debug, Error, PartialEq)]
+pub enum ParamError {
+    /// A parameter is out of its range; names the parameter and the range.
+    #[error("`{name}` must be {range}, got {value}")]
+    OutOfRange {
+        /// The parameter's API name.
+        name: &'static str,
+        /// The allowed range, in words.
+        range: &'static str,
+        /// The value given.
+        value: f64,
+    },
+}
+
+/// The most alternatives a request may ask for (OpenAI allows 20).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+impl SamplingParams {
+    /// Checks every parameter's range.
+    pub fn validate(&self) -> Result<(), ParamError> {
+        let check = |ok: bool, name, range, value: f64| {
+            if ok { Ok(()) } else { Err(ParamError::OutOfRange { name, range, value }) }
+        };
+        let t = self.temperature;
+        check(t.is_finite() && (0.0..=2.0).contains(&t), "temperature", "between 0 and 2", t as f64)?;
+        check(self.top_p > 0.0 && self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p as f64)?;
+        check((0.0..=1.0).contains(&self.min_p), "min_p", "in [0, 1]", self.min_p as f64)?;
+        let p = self.presence_penalty;
+        check((-2.0..=2.0).contains(&p), "presence_penalty", "between -2 and 2", p as f64)?;
+        let f = self.frequency_penalty;
+        check((-2.0..=2.0).contains(&f), "frequency_penalty", "between -2 and 2", f as f64)?;
+        let r = self.repetition_penalty;
+        check(r.is_finite() && r > 0.0 && r <= 10.0, "repetition_penalty", "in (0, 10]", r as f64)?;
+        if let Some(n) = self.logprobs {
+            check(n <= MAX_TOP_LOGPROBS, "top_logprobs", "between 0 and 20", n as f64)?;
+        }
+        Ok(())
+    }
+
+    fn is_greedy(&self) -> bool {
+        self.temperature < 1e-5 || self.top_k == 1
+    }
+}
+
+/// A per-request random stream (xoshiro256**, seeded through SplitMix64): the same seed gives
+/// the same tokens whatever else is in the batch.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    state: [u64; 4],
+}
+
+impl Rng {
+    /// A stream from `seed`.
+    pub fn new(seed: u64) -> Self {
+        let mut x = seed;
+        let mut next = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Self { state: [next(), next(), next(), next()] }
+    }
+
+    /// A stream from a fresh seed (time and a process-wide counter).
+    pub fn from_entropy() -> Self {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        Self::new(nanos ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.state;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Counts of the tokens a sequence has seen, for the penalties.
+#[derive(Clone, Debug, Default)]
+pub struct TokenHistory {
+    prompt: HashMap<u32, u32>,
+    output: HashMap<u32, u32>,
+}
+
+impl TokenHistory {
+    /// A history holding `prompt`.
+    pub fn new(prompt: &[u32]) -> Self {
+        let mut prompt_counts = HashMap::new();
+        for &t in prompt {
+            *prompt_counts.entry(t).or_insert(0) += 1;
+        }
+        Self { prompt: prompt_counts, output: HashMap::new() }
+    }
+
+    /// Records a generated (sampled or forced) token.
+    pub fn push_output(&mut self, token: u32) {
+        *self.output.entry(token).or_insert(0) += 1;
+    }
+}
+
+/// One sampled token with its log-probabilities.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    /// The token.
+    pub token: u32,
+    /// Its log-probability (when logprobs were asked for).
+    pub logprob: Option<f32>,
+    /// The most likely alternatives, best first (when logprobs were asked for).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why no token could be sampled.
+#[derive(Debug, Error, PartialEq)]
+pub enum SampleError {
+    /// The mask allows no token with a finite logit.
+    #[error("the constraint allows no token at this point")]
+    NothingAllowed,
+}
+
+/// Whether `mask` allows `token`.
+pub fn mask_allows(mask: &[u32], token: usize) -> bool {
+    mask.get(token / 32).is_some_and(|w| w >> (token % 32) & 1 == 1)
+}
+
+/// Samples from `logits` (modified in place by penalties and the mask).
+pub fn sample(
+    logits: &mut [f32],
+    params: &SamplingParams,
+    history: &TokenHistory,
+    mask: Option<&[u32]>,
+    rng: &mut Rng,
+) -> Result<Sampled, SampleError> {
+    apply_penalties(logits, params, history);
+    if let Some(mask) = mask {
+        for (i, l) in logits.iter_mut().enumerate() {
+            if !mask_allows(mask, i) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let best = argmax(logits).ok_or(SampleError::NothingAllowed)?;
+    let token = if params.is_greedy() { best } else { draw(logits, params, rng, best) };
+    let (logprob, top) = match params.logprobs {
+        Some(n) => {
+            let log_z = log_sum_exp(logits);
+            let mut top: Vec<(u32, f32)> =
+                top_k_indices(logits, n).into_iter().map(|i| (i as u32, logits[i] - log_z)).collect();
+            top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            (Some(logits[token] - log_z), top)
+        }
+        None => (None, Vec::new()),
+    };
+    Ok(Sampled { token: token as u32, logprob, top })
+}
+
+fn apply_penalties(logits: &mut [f32], params: &SamplingParams, history: &TokenHistory) {
+    if params.repetition_penalty != 1.0 {
+        let r = params.repetition_penalty;
+        for &t in history.prompt.keys().chain(history.output.keys().filter(|t| !history.prompt.contains_key(t))) {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if *l > 0.0 { *l / r } else { *l * r };
+            }
+        }
+    }
+    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
+        for (&t, &count) in &history.output {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= params.presence_penalty + params.frequency_penalty * count as f32;
+            }
+        }
+    }
+}
+
+/// Index of the largest finite logit; ties go to the lowest index.
+fn argmax(logits: &[f32]) -> Option<usize> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > f32::NEG_INFINITY && best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
+fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    max + sum.ln() as f32
+}
+
+/// Indices of the `k` largest finite logits (unordered).
+fn top_k_indices(logits: &[f32], k: usize) -> Vec<usize> {
+    let mut finite: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] > f32::NEG_INFINITY).collect();
+    if k < finite.len() {
+        finite.select_nth_unstable_by(k, |&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        finite.truncate(k);
+    }
+    finite
+}
+
+/// Temperature, top-k, min-p, top-p, then a draw. `best` is the argmax (always kept).
+fn draw(logits: &[f32], params: &SamplingParams, rng: &mut Rng, best: usize) -> usize {
+    let inv_t = 1.0 / params.temperature as f64;
+    let max = logits[best] as f64;
+    // Candidates as (token, unnormalised probability). Tokens below 1e-12 of the best
+    // cannot matter to any draw and are left out before sorting.
+    let floor = if params.min_p > 0.0 { (params.min_p as f64).ln().max(-27.6) } else { -27.6 };
+    let mut candidates: Vec<(usize, f64)> = logits
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &l)| {
+            let z = (l as f64 - max) * inv_t;
+            (z >= floor).then(|| (i, z.exp()))
+        })
+        .collect();
+    candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if params.top_k > 0 {
+        candidates.truncate(params.top_k);
+    }
+    if params.min_p > 0.0 {
+        // The best candidate has weight 1 after the shift.
+        candidates.retain(|&(_, p)| p >= params.min_p as f64);
+    }
+    if params.top_p < 1.0 {
+        let total: f64 = candidates.iter().map(|c| c.1).sum();
+        let mut cumulative = 0.0;
+        let mut keep = candidates.len();
+        for (i, &(_, p)) in candidates.iter().enumerate() {
+            cumulative += p / total;
+            if cumulative >= params.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        candidates.truncate(keep);
+    }
+    let total: f64 = candidates.iter().map(|c| c.1).sum();
+    let mut target = rng.next_f64() * total;
+    for &(token, p) in &candidates {
+        if target < p {
+            return token;
+        }
+        target -= p;
+    }
+    candidates.last().map_or(best, |c| c.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams { temperature, ..Default::default() }
+    }
+
+    #[test]
+    fn greedy_takes_the_lowest_best_id() {
+        let mut logits = vec![1.0, 3.0, 3.0, 2.0];
+        let s = sample(&mut logits, &params(0.0), &TokenHistory::default(), None, &mut Rng::new(1)).unwrap();
+        assert_eq!(s.token, 1);
+    }
+
+    #[test]
+    fn the_mask_is_applied_before_sampling() {
+        let mask = [0b1001u32];
+        for seed in 0..50 {
+            let mut logits = vec![0.0, 10.0, 10.0, 0.5];
+            let s =
+                sample(&mut logits, &params(1.0), &TokenHistory::default(), Some(&mask), &mut Rng::new(seed)).unwrap();
+            assert!(s.token == 0 || s.token == 3, "{s:?}");
+        }
+        let mut logits = vec![0.0; 4];
+        let none = [0u32];
+        assert_eq!(
+            sample(&mut logits, &params(0.0), &TokenHistory::default(), Some(&none), &mut Rng::new(0)),
+            Err(SampleError::NothingAllowed)
+        );
+    }
+
+    #[test]
+    fn seeds_reproduce_and_differ() {
+        let draw_all = |seed| {
+            let mut rng = Rng::new(seed);
+            (0..32)
+                .map(|_| {
+                    let mut logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
+                    sample(&mut logits, &params(1.0), &TokenHistory::default(), None, &mut rng).unwrap().token
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draw_all(7), draw_all(7));
+        assert_ne!(draw_all(7), draw_all(8));
+    }
+
+    #[test]
+    fn top_k_top_p_and_min_p_truncate() {
+        let p = SamplingParams { top_k: 2, ..params(1.0) };
+        for seed in 0..100 {
+            let mut logits = vec![5.0, 4.9, 1.0, 4.8];
+            let s = sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(seed)).unwrap();
+            assert!(s.token == 0 || s.token == 1);
+        }
+        // Probabilities ~ [0.66, 0.24, 0.09, ...]: top_p 0.5 keeps only the first.
+        let p = SamplingParams { top_p: 0.5, ..params(1.0) };
+        for seed in 0..100 {
+            let mut logits = vec![3.0, 2.0, 1.0, 0.0];
+            assert_eq!(sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(seed)).unwrap().token, 0);
+        }
+        let p = SamplingParams { min_p: 0.5, ..params(1.0) };
+        for seed in 0..100 {
+            let mut logits = vec![3.0, 2.9, 1.0, 0.0];
+            let t = sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(seed)).unwrap().token;
+            assert!(t <= 1);
+        }
+    }
+
+    #[test]
+    fn penalties_follow_openai_and_vllm() {
+        let mut history = TokenHistory::new(&[0]);
+        history.push_output(1);
+        history.push_output(1);
+        let p =
+            SamplingParams { presence_penalty: 0.5, frequency_penalty: 0.25, repetition_penalty: 2.0, ..params(0.0) };
+        let mut logits = vec![4.0, 4.0, -1.0, 0.0];
+        apply_penalties(&mut logits, &p, &history);
+        assert_eq!(logits, vec![2.0, 2.0 - 0.5 - 0.5, -1.0, 0.0]);
+    }
+
+    #[test]
+    fn logprobs_are_normalised_and_ordered() {
+        let p = SamplingParams { logprobs: Some(2), ..params(0.0) };
+        let mut logits = vec![0.0, 2.0f32.ln(), 0.0];
+        let s = sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(0)).unwrap();
+        assert_eq!(s.token, 1);
+        assert!((s.logprob.unwrap() - 0.5f32.ln()).abs() < 1e-6);
+        assert_eq!(s.top.len(), 2);
+        assert_eq!(s.top[0].0, 1);
+        assert_eq!(s.top[1].0, 0);
+        assert!((s.top[1].1 - 0.25f32.ln()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn ranges_are_checked_with_the_parameter_name() {
+        let bad = SamplingParams { top_p: 0.0, ..Default::default() };
+        assert_eq!(bad.validate().unwrap_err().to_string(), "`top_p` must be in (0, 1], got 0");
+        assert!(SamplingParams::default().validate().is_ok());
+    }
+}

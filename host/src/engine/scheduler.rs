@@ -1,0 +1,431 @@
+//! The continuous-batching scheduler.
+//!
+//! Every sequence is a token list (prompt, then generated and forced tokens) of which the
+//! first `num_computed` have K/V in the cache. Each step feeds every scheduled sequence its
+//! next uncomputed tokens, up to a per-step token budget (`max_num_batched_tokens`):
+//!
+//! - a decoding sequence has one pending token (the last sampled one);
+//! - a sequence that received a fast-forward span has `1 + span` pending tokens: a
+//!   multi-token chunk, computed in one step;
+//! - a sequence in prefill has the rest of its prompt pending and gets as much as the budget
+//!   leaves (chunked prefill).
+//!
+//! Running sequences come first (those past their prompt before those still prefilling, each
+//! in arrival order), then waiting ones are admitted first-come first-served while
+//! `max_num_seqs`, the budget and free blocks allow. A newly admitted sequence first takes
+//! whatever full blocks of its prefix are cached. When blocks run out for a running sequence,
+//! the latest-arrived running sequence is preempted: its blocks are freed and it goes back to
+//! the front of the queue with its tokens, to be recomputed (vLLM's recompute preemption).
+//! A sequence is logits-ready ("sample") when a step computes up to its last token.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::blocks::{BlockId, BlockManager, PrefixStats};
+
+/// A sequence's id, unique within an engine.
+pub type SeqId = u64;
+
+/// Limits of the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Sequences running at once.
+    pub max_num_seqs: usize,
+    /// Tokens fed to the model per step.
+    pub max_num_batched_tokens: usize,
+}
+
+/// One sequence's state.
+#[derive(Debug)]
+pub struct Sequence {
+    /// Prompt followed by generated tokens.
+    pub tokens: Vec<u32>,
+    /// Tokens of the prompt.
+    pub prompt_len: usize,
+    /// Leading tokens whose K/V are in the cache.
+    pub num_computed: usize,
+    /// Times this sequence was preempted.
+    pub preemptions: u32,
+    block_table: Vec<BlockId>,
+    hashed_blocks: usize,
+    last_hash: u64,
+    arrival: u64,
+}
+
+impl Sequence {
+    /// The cache blocks holding this sequence, in position order.
+    pub fn block_table(&self) -> &[BlockId] {
+        &self.block_table
+    }
+}
+
+/// One sequence's part of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    /// The sequence.
+    pub id: SeqId,
+    /// First token fed (= its position).
+    pub start: usize,
+    /// Tokens fed.
+    pub len: usize,
+    /// Whether this step reaches the sequence's last token, so its logits are sampled.
+    pub sample: bool,
+}
+
+/// The plan of one step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerOutput {
+    /// Sequences fed this step, in batch order.
+    pub scheduled: Vec<ScheduledSeq>,
+    /// Sequences preempted to make room (they will be recomputed).
+    pub preempted: Vec<SeqId>,
+}
+
+impl SchedulerOutput {
+    /// Tokens fed this step.
+    pub fn num_tokens(&self) -> usize {
+        self.scheduled.iter().map(|s| s.len).sum()
+    }
+}
+
+/// Queues, sequences and the block manager.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    blocks: BlockManager,
+    seqs: HashMap<SeqId, Sequence>,
+    waiting: VecDeque<SeqId>,
+    running: Vec<SeqId>,
+    next_arrival: u64,
+}
+
+impl Scheduler {
+    /// A scheduler over `blocks`.
+    pub fn new(config: SchedulerConfig, blocks: BlockManager) -> Self {
+        Self { config, blocks, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_arrival: 0 }
+    }
+
+    /// Queues a sequence whose first `prompt_len` tokens are the prompt. The caller checks
+    /// lengths against the model's limits.
+    pub fn add(&mut self, id: SeqId, tokens: Vec<u32>, prompt_len: usize) {
+        self.next_arrival += 1;
+        let seq = Sequence {
+            tokens,
+            prompt_len,
+            num_computed: 0,
+            preemptions: 0,
+            block_table: Vec::new(),
+            hashed_blocks: 0,
+            last_hash: 0,
+            arrival: self.next_arrival,
+        };
+        self.seqs.insert(id, seq);
+        self.waiting.push_back(id);
+    }
+
+    /// A sequence's state.
+    pub fn get(&self, id: SeqId) -> Option<&Sequence> {
+        self.seqs.get(&id)
+    }
+
+    /// Appends generated tokens (sampled or forced) to a sequence.
+    pub fn append(&mut self, id: SeqId, tokens: &[u32]) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.tokens.extend_from_slice(tokens);
+        }
+    }
+
+    /// Removes a finished or cancelled sequence and frees its blocks at once.
+    pub fn finish(&mut self, id: SeqId) -> Option<Sequence> {
+        let mut seq = self.seqs.remove(&id)?;
+        self.running.retain(|&r| r != id);
+        self.waiting.retain(|&w| w != id);
+        Self::free_blocks(&mut self.blocks, &mut seq);
+        Some(seq)
+    }
+
+    /// Sequences running.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Sequences waiting.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Whether any sequence is running or waiting.
+    pub fn has_work(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+
+    /// Fraction of the KV cache in use.
+    pub fn cache_usage(&self) -> f64 {
+        self.blocks.usage()
+    }
+
+    /// Prefix-cache counters.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.blocks.prefix_stats()
+    }
+
+    fn free_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
+        // The tail first: the LRU then evicts a sequence's last blocks before its prefix.
+        for &b in seq.block_table.iter().rev() {
+            blocks.release(b);
+        }
+        seq.block_table.clear();
+        seq.hashed_blocks = 0;
+        seq.last_hash = 0;
+        seq.num_computed = 0;
+    }
+
+    fn blocks_needed(&self, seq: &Sequence, tokens: usize) -> usize {
+        tokens.div_ceil(self.blocks.block_size()).saturating_sub(seq.block_table.len())
+    }
+
+    fn grow(&mut self, id: SeqId, tokens: usize) {
+        let need = self.seqs.get(&id).map_or(0, |s| self.blocks_needed(s, tokens));
+        for _ in 0..need {
+            // The caller checked availability.
+            if let (Some(b), Some(seq)) = (self.blocks.allocate(), self.seqs.get_mut(&id)) {
+                seq.block_table.push(b);
+            }
+        }
+    }
+
+    fn preempt(&mut self, id: SeqId) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            Self::free_blocks(&mut self.blocks, seq);
+            seq.preemptions += 1;
+        }
+        self.running.retain(|&r| r != id);
+        // Back to the queue in arrival order among the preempted.
+        let arrival = self.seqs.get(&id).map_or(0, |s| s.arrival);
+        let at = self
+            .waiting
+            .iter()
+            .position(|w| self.seqs.get(w).is_none_or(|s| s.arrival > arrival))
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(at, id);
+    }
+
+    /// Plans the next step. See the module docs for the policy.
+    pub fn schedule(&mut self) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut order = self.running.clone();
+        order.sort_by_key(|id| self.seqs.get(id).map(|s| (s.num_computed < s.prompt_len, s.arrival)));
+        let mut i = 0;
+        while i < order.len() && budget > 0 {
+            let id = order[i];
+            let Some(seq) = self.seqs.get(&id) else {
+                i += 1;
+                continue;
+            };
+            let n = (seq.tokens.len() - seq.num_computed).min(budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            let end = seq.num_computed + n;
+            let need = self.blocks_needed(seq, end);
+            let mut preempted_self = false;
+            while need > self.blocks.num_available() {
+                if order.len() > i + 1 {
+                    let victim = order.pop().unwrap_or(id);
+                    self.preempt(victim);
+                    out.preempted.push(victim);
+                } else {
+                    self.preempt(id);
+                    out.preempted.push(id);
+                    order.remove(i);
+                    preempted_self = true;
+                    break;
+                }
+            }
+            if preempted_self {
+                continue;
+            }
+            self.grow(id, end);
+            let Some(seq) = self.seqs.get(&id) else { continue };
+            out.scheduled.push(ScheduledSeq { id, start: seq.num_computed, len: n, sample: end == seq.tokens.len() });
+            budget -= n;
+            i += 1;
+        }
+        if out.preempted.is_empty() {
+            self.admit(&mut out, budget);
+        }
+        out
+    }
+
+    fn admit(&mut self, out: &mut SchedulerOutput, mut budget: usize) {
+        let block_size = self.blocks.block_size();
+        while budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(&id) = self.waiting.front() else { break };
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                self.waiting.pop_front();
+                continue;
+            };
+            if seq.block_table.is_empty() {
+                // Reuse cached full blocks, but always compute the last token: its logits
+                // are needed and its block must not be shared.
+                let max_blocks = (seq.tokens.len() - 1) / block_size;
+                let (found, last_hash) = self.blocks.lookup_prefix(&seq.tokens, max_blocks);
+                seq.num_computed = found.len() * block_size;
+                seq.hashed_blocks = found.len();
+                seq.last_hash = last_hash;
+                seq.block_table = found;
+            }
+            let n = (seq.tokens.len() - seq.num_computed).min(budget);
+            let end = seq.num_computed + n;
+            let need = end.div_ceil(block_size).saturating_sub(seq.block_table.len());
+            if need > self.blocks.num_available() {
+                // Not now: give the shared blocks back rather than sit on them.
+                Self::free_blocks(&mut self.blocks, seq);
+                break;
+            }
+            self.waiting.pop_front();
+            self.running.push(id);
+            self.grow(id, end);
+            let Some(seq) = self.seqs.get(&id) else { continue };
+            out.scheduled.push(ScheduledSeq { id, start: seq.num_computed, len: n, sample: end == seq.tokens.len() });
+            budget -= n;
+        }
+    }
+
+    /// Records that a step ran: the fed tokens are computed, and newly full blocks are
+    /// registered for prefix sharing.
+    pub fn complete(&mut self, output: &SchedulerOutput) {
+        let block_size = self.blocks.block_size();
+        for s in &output.scheduled {
+            let Some(seq) = self.seqs.get_mut(&s.id) else { continue };
+            seq.num_computed = (s.start + s.len).min(seq.tokens.len());
+            while (seq.hashed_blocks + 1) * block_size <= seq.num_computed {
+                let k = seq.hashed_blocks;
+                let tokens = &seq.tokens[k * block_size..(k + 1) * block_size];
+                seq.last_hash = self.blocks.register_full(seq.block_table[k], seq.last_hash, tokens);
+                seq.hashed_blocks += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scheduler(num_blocks: usize, block_size: usize, max_num_seqs: usize, budget: usize) -> Scheduler {
+        Scheduler::new(
+            SchedulerConfig { max_num_seqs, max_num_batched_tokens: budget },
+            BlockManager::new(num_blocks, block_size, true),
+        )
+    }
+
+    #[test]
+    fn prefill_is_chunked_by_the_budget_and_decodes_go_first() {
+        let mut s = scheduler(64, 4, 8, 10);
+        s.add(1, (0..25).collect(), 25);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 1, start: 0, len: 10, sample: false }]);
+        s.complete(&plan);
+        s.add(2, vec![100, 101, 102], 3);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 1, start: 10, len: 10, sample: false }]);
+        s.complete(&plan);
+        let plan = s.schedule();
+        assert_eq!(
+            plan.scheduled,
+            vec![
+                ScheduledSeq { id: 1, start: 20, len: 5, sample: true },
+                ScheduledSeq { id: 2, start: 0, len: 3, sample: true },
+            ]
+        );
+        s.complete(&plan);
+        // Both decode now; a forced span makes sequence 2 a 4-token chunk.
+        s.append(1, &[7]);
+        s.append(2, &[8, 9, 10, 11]);
+        let plan = s.schedule();
+        assert_eq!(
+            plan.scheduled,
+            vec![
+                ScheduledSeq { id: 1, start: 25, len: 1, sample: true },
+                ScheduledSeq { id: 2, start: 3, len: 4, sample: true }
+            ]
+        );
+    }
+
+    #[test]
+    fn max_num_seqs_limits_admission() {
+        let mut s = scheduler(64, 4, 2, 100);
+        for id in 0..3 {
+            s.add(id, vec![1, 2, 3], 3);
+        }
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled.len(), 2);
+        assert_eq!((s.num_running(), s.num_waiting()), (2, 1));
+        s.complete(&plan);
+        s.finish(0);
+        s.append(1, &[4]);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled.iter().map(|p| p.id).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    #[test]
+    fn running_out_of_blocks_preempts_the_latest_and_recomputes_it() {
+        // 4 blocks of 2 slots: two sequences of 3 tokens take 2 blocks each.
+        let mut s = scheduler(4, 2, 4, 100);
+        s.add(1, vec![1, 2, 3], 3);
+        s.add(2, vec![4, 5, 6], 3);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled.len(), 2);
+        s.complete(&plan);
+        s.append(1, &[7]);
+        s.append(2, &[8]);
+        let plan = s.schedule();
+        s.complete(&plan);
+        // Both need a third block for position 4; only sequence 1 gets one.
+        s.append(1, &[9]);
+        s.append(2, &[10]);
+        let plan = s.schedule();
+        assert_eq!(plan.preempted, vec![2]);
+        assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 1, start: 4, len: 1, sample: true }]);
+        s.complete(&plan);
+        assert_eq!(s.get(2).unwrap().num_computed, 0);
+        assert_eq!(s.get(2).unwrap().tokens, vec![4, 5, 6, 8, 10]);
+        // When sequence 1 ends, 2 is recomputed: its first block survived in the prefix cache
+        // (its tail block was evicted for sequence 1), the rest is computed again.
+        s.finish(1);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 2, start: 2, len: 3, sample: true }]);
+    }
+
+    #[test]
+    fn cached_prefixes_are_shared_but_the_last_token_is_computed() {
+        let mut s = scheduler(16, 2, 4, 100);
+        s.add(1, vec![1, 2, 3, 4, 5], 5);
+        let plan = s.schedule();
+        s.complete(&plan);
+        s.finish(1);
+        s.add(2, vec![1, 2, 3, 4, 9, 9], 6);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 2, start: 4, len: 2, sample: true }]);
+        s.complete(&plan);
+        s.add(3, vec![1, 2, 3, 4], 4);
+        let plan = s.schedule();
+        // Two full blocks match, but the last token must be computed: only one is shared.
+        assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 3, start: 2, len: 2, sample: true }]);
+        assert_eq!(s.prefix_stats().hit_blocks, 3);
+    }
+
+    #[test]
+    fn finishing_frees_blocks_at_once() {
+        let mut s = scheduler(4, 2, 4, 100);
+        s.add(1, vec![1, 2, 3, 4, 5, 6, 7], 7);
+        let plan = s.schedule();
+        s.complete(&plan);
+        assert_eq!(s.cache_usage(), 1.0);
+        s.finish(1);
+        assert_eq!(s.cache_usage(), 0.0);
+        assert!(!s.has_work());
+    }
+}

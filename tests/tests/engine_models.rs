@@ -1,0 +1,308 @@
+//! The engine on the real models: greedy decoding against candle-transformers' reference
+//! implementations, batching, multi-token chunks, preemption, cancellation, limits, and the
+//! tokenizer and chat template read from the GGUF files.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, IndexOp, Tensor};
+use dspark_host::engine::backend::{ForwardBatch, KvShape};
+use dspark_host::engine::chat::ChatTemplate;
+use dspark_host::engine::{
+    Backend, CpuBackend, EngineConfig, FinishReason, GenerationRequest, LlmEngine, Model, ModelTokenizer, RequestError,
+    SamplingParams, load_model,
+};
+use dspark_tests::{qwen25, smollm2, tokenizer_json};
+use serde_json::json;
+
+fn chat_prompt(tokenizer: &ModelTokenizer, message: &str) -> Vec<u32> {
+    let template = ChatTemplate::new(tokenizer.chat_template.as_deref().expect("chat template"), "", "").unwrap();
+    let text = template.render(&[json!({"role": "user", "content": message})], None, true).unwrap();
+    tokenizer.encode(&text).unwrap()
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    let mut r = GenerationRequest::new(prompt);
+    r.sampling = SamplingParams { temperature: 0.0, ..SamplingParams::default() };
+    r.max_tokens = Some(max_tokens);
+    r.ignore_eos = true;
+    r
+}
+
+/// Runs requests to completion; returns each one's tokens and finish reason, by request.
+fn run_all(engine: &mut LlmEngine<CpuBackend>, requests: Vec<GenerationRequest>) -> Vec<(Vec<u32>, FinishReason)> {
+    let ids: Vec<u64> = requests.into_iter().map(|r| engine.add_request(r).unwrap()).collect();
+    let mut tokens = vec![Vec::new(); ids.len()];
+    let mut finish = vec![None; ids.len()];
+    while engine.has_work() {
+        for update in engine.step().unwrap() {
+            let k = ids.iter().position(|&id| id == update.id).unwrap();
+            tokens[k].extend(update.tokens.iter().map(|t| t.token));
+            if let Some(f) = update.finish {
+                finish[k] = Some(f);
+            }
+        }
+    }
+    tokens.into_iter().zip(finish).map(|(t, f)| (t, f.expect("every request finishes"))).collect()
+}
+
+fn engine(path: &Path, config: EngineConfig) -> LlmEngine<CpuBackend> {
+    let (model, tokenizer) = load_model(CpuBackend, path).unwrap();
+    LlmEngine::new(Arc::new(model), Arc::new(tokenizer), &config).unwrap()
+}
+
+enum Reference {
+    Llama(candle_transformers::models::quantized_llama::ModelWeights),
+    Qwen2(candle_transformers::models::quantized_qwen2::ModelWeights),
+}
+
+/// Greedy tokens from candle-transformers' implementation of the same GGUF file.
+fn reference_greedy(path: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut file = std::fs::File::open(path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let arch = content.metadata["general.architecture"].to_string().unwrap().clone();
+    let mut model = match arch.as_str() {
+        "llama" => Reference::Llama(
+            candle_transformers::models::quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu)
+                .unwrap(),
+        ),
+        _ => Reference::Qwen2(
+            candle_transformers::models::quantized_qwen2::ModelWeights::from_gguf(content, &mut file, &Device::Cpu)
+                .unwrap(),
+        ),
+    };
+    let mut forward = |tokens: &[u32], pos: usize| -> Vec<f32> {
+        let input = Tensor::new(tokens, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let logits = match &mut model {
+            Reference::Llama(m) => m.forward(&input, pos),
+            Reference::Qwen2(m) => m.forward(&input, pos),
+        }
+        .unwrap();
+        logits.i(0).unwrap().to_vec1::<f32>().unwrap()
+    };
+    let argmax = |l: &[f32]| {
+        l.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32
+    };
+    let mut out = vec![argmax(&forward(prompt, 0))];
+    while out.len() < n {
+        let pos = prompt.len() + out.len() - 1;
+        let next = argmax(&forward(&[*out.last().unwrap()], pos));
+        out.push(next);
+    }
+    out
+}
+
+fn assert_matches_reference(path: &Path, message: &str) {
+    let mut engine = engine(path, EngineConfig { max_model_len: Some(1024), ..EngineConfig::default() });
+    let prompt = chat_prompt(engine.tokenizer(), message);
+    let ours = run_all(&mut engine, vec![greedy(prompt.clone(), 64)]).remove(0).0;
+    let reference = reference_greedy(path, &prompt, 64);
+    assert_eq!(ours, reference, "greedy tokens differ from candle-transformers' reference");
+}
+
+#[test]
+fn smollm2_greedy_matches_the_reference_for_64_tokens() {
+    assert_matches_reference(&smollm2(), "Write a short poem about the sea.");
+}
+
+#[test]
+fn qwen25_greedy_matches_the_reference_for_64_tokens() {
+    assert_matches_reference(&qwen25(), "Write a Python function that checks whether a number is prime.");
+}
+
+#[test]
+fn a_batch_decodes_the_same_tokens_as_each_prompt_alone() {
+    let path = smollm2();
+    let messages =
+        ["What is the capital of France?", "List three colours.", "Explain recursion in one sentence.", "Say hi."];
+    let mut engine = engine(&path, EngineConfig { max_model_len: Some(512), ..EngineConfig::default() });
+    let prompts: Vec<Vec<u32>> = messages.iter().map(|m| chat_prompt(engine.tokenizer(), m)).collect();
+    let together = run_all(&mut engine, prompts.iter().map(|p| greedy(p.clone(), 32)).collect());
+    for (prompt, batched) in prompts.iter().zip(&together) {
+        let alone = run_all(&mut engine, vec![greedy(prompt.clone(), 32)]).remove(0);
+        assert_eq!(batched.0, alone.0);
+        assert_eq!(alone.1, FinishReason::Length);
+    }
+}
+
+fn relative_error(a: &[f32], b: &[f32]) -> f32 {
+    let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    let scale = b.iter().map(|y| y.abs()).fold(0.0, f32::max);
+    diff / scale
+}
+
+#[test]
+fn a_multi_token_chunk_gives_the_logits_of_single_steps() {
+    for path in [smollm2(), qwen25()] {
+        let (model, tokenizer) = load_model(CpuBackend, &path).unwrap();
+        let c = model.config().clone();
+        let shape =
+            KvShape { layers: c.layers, num_blocks: 8, block_size: 16, kv_heads: c.kv_heads, head_dim: c.head_dim };
+        let prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog. Then").unwrap();
+        let chunk = tokenizer.encode(r#"{"name": "Ada", "age": 36, "email": "ada@example.org"}"#).unwrap();
+        let chunk = &chunk[..16.min(chunk.len())];
+        let table: Vec<u32> = (0..8).collect();
+        let prefill = |model: &Model<CpuBackend>, cache: &mut _| {
+            let mut batch = ForwardBatch::default();
+            batch.push_sequence(&prompt, 0, &table, 16, true);
+            model.forward(&batch, cache).unwrap();
+        };
+
+        let mut cache = CpuBackend.kv_cache(shape).unwrap();
+        prefill(&model, &mut cache);
+        let mut batch = ForwardBatch::default();
+        batch.push_sequence(chunk, prompt.len(), &table, 16, false);
+        batch.logits_rows = (0..chunk.len()).collect();
+        let chunked = model.forward(&batch, &mut cache).unwrap();
+
+        let mut cache = CpuBackend.kv_cache(shape).unwrap();
+        prefill(&model, &mut cache);
+        for (i, &token) in chunk.iter().enumerate() {
+            let mut batch = ForwardBatch::default();
+            batch.push_sequence(&[token], prompt.len() + i, &table, 16, true);
+            let single = model.forward(&batch, &mut cache).unwrap();
+            let row = &chunked[i * c.vocab_size..(i + 1) * c.vocab_size];
+            let err = relative_error(row, &single);
+            assert!(err <= 1e-3, "{}: chunk row {i} differs from a single step by {err}", path.display());
+        }
+    }
+}
+
+#[test]
+fn preemption_recomputes_without_changing_the_output() {
+    let path = smollm2();
+    let roomy = EngineConfig { max_model_len: Some(256), ..EngineConfig::default() };
+    // 256 token slots for four sequences of ~60 tokens growing by 48: someone must wait.
+    let tight = EngineConfig { max_model_len: Some(256), kv_cache_tokens: Some(256), ..EngineConfig::default() };
+    let mut a = engine(&path, roomy);
+    let prompts: Vec<Vec<u32>> =
+        ["Tell me about cats.", "Tell me about dogs.", "Tell me about birds.", "Tell me about fish."]
+            .iter()
+            .map(|m| chat_prompt(a.tokenizer(), m))
+            .collect();
+    let expected = run_all(&mut a, prompts.iter().map(|p| greedy(p.clone(), 48)).collect());
+    let mut b = engine(&path, tight);
+    let got = run_all(&mut b, prompts.iter().map(|p| greedy(p.clone(), 48)).collect());
+    assert!(b.stats().preemptions > 0, "the tight cache should have forced a preemption");
+    assert_eq!(got, expected);
+    assert_eq!(b.scheduler().cache_usage(), 0.0, "every block is free again");
+}
+
+#[test]
+fn limits_cancellation_and_stop_strings() {
+    let path = smollm2();
+    let mut engine = engine(&path, EngineConfig { max_model_len: Some(64), ..EngineConfig::default() });
+    let err = engine.add_request(greedy(vec![1; 64], 8)).unwrap_err();
+    assert!(matches!(err, RequestError::PromptTooLong { prompt_tokens: 64, max_model_len: 64 }));
+    assert_eq!(
+        err.to_string(),
+        "this model's maximum context length is 64 tokens, but the prompt has 64 tokens; shorten the prompt (at least one token must be left for the output)"
+    );
+    // Output stops at max_model_len with `length`.
+    let prompt = chat_prompt(engine.tokenizer(), "Count from one to one hundred.");
+    let (tokens, finish) = run_all(&mut engine, vec![greedy(prompt.clone(), 1000)]).remove(0);
+    assert_eq!(finish, FinishReason::Length);
+    assert_eq!(tokens.len(), 64 - prompt.len());
+
+    // Cancelling frees the blocks at once.
+    let id = engine.add_request(greedy(prompt.clone(), 30)).unwrap();
+    engine.step().unwrap();
+    assert!(engine.scheduler().cache_usage() > 0.0);
+    assert!(engine.cancel(id));
+    assert_eq!(engine.scheduler().cache_usage(), 0.0);
+    assert!(!engine.has_work());
+
+    // A stop string cuts the text where it starts.
+    let mut full = String::new();
+    let id = engine.add_request(greedy(prompt.clone(), 40)).unwrap();
+    while engine.has_work() {
+        for u in engine.step().unwrap() {
+            assert_eq!(u.id, id);
+            full.push_str(&u.text);
+        }
+    }
+    let cut_at = full.char_indices().nth(full.chars().count() / 2).unwrap().0;
+    let stop: String = full[cut_at..].chars().take(3).collect();
+    let mut request = greedy(prompt, 40);
+    request.stop = vec![stop.clone()];
+    engine.add_request(request).unwrap();
+    let mut text = String::new();
+    let mut finish = None;
+    while engine.has_work() {
+        for u in engine.step().unwrap() {
+            text.push_str(&u.text);
+            finish = u.finish.or(finish);
+        }
+    }
+    assert_eq!(finish, Some(FinishReason::Stop));
+    assert_eq!(text, full[..full.find(&stop).unwrap()]);
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_in_any_batch() {
+    let path = smollm2();
+    let mut engine = engine(&path, EngineConfig { max_model_len: Some(256), ..EngineConfig::default() });
+    let prompt = chat_prompt(engine.tokenizer(), "Invent a name for a cat.");
+    let sampled = |seed| {
+        let mut r = greedy(prompt.clone(), 24);
+        r.sampling = SamplingParams { temperature: 1.0, top_p: 0.95, seed: Some(seed), ..SamplingParams::default() };
+        r
+    };
+    let alone = run_all(&mut engine, vec![sampled(11)]).remove(0);
+    let batched = run_all(&mut engine, vec![sampled(5), sampled(11), greedy(prompt.clone(), 24)]);
+    assert_eq!(batched[1], alone);
+    assert_ne!(batched[0].0, alone.0);
+}
+
+#[test]
+fn the_gguf_tokenizer_matches_the_original_tokenizer_json() {
+    let (_, from_gguf) = load_model(CpuBackend, &qwen25()).unwrap();
+    let original = tokenizers::Tokenizer::from_file(tokenizer_json("qwen2.5")).unwrap();
+    let texts = [
+        "Hello, world! 12345 numbers",
+        "  indented\n\n\tcode() { return x->y; }",
+        "naïve café — ünïcödé 日本語 😀",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "{\"key\": [1, 2.5e-3, null]}",
+    ];
+    for text in texts {
+        let ours = from_gguf.encode(text).unwrap();
+        let theirs = original.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(ours, theirs, "{text:?}");
+    }
+}
+
+#[test]
+fn chat_templates_render_like_hugging_face() {
+    let (_, smol) = load_model(CpuBackend, &smollm2()).unwrap();
+    let t = ChatTemplate::new(smol.chat_template.as_deref().unwrap(), "", "").unwrap();
+    let text = t.render(&[json!({"role": "user", "content": "Hi"})], None, true).unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+
+    let (_, qwen) = load_model(CpuBackend, &qwen25()).unwrap();
+    let t = ChatTemplate::new(qwen.chat_template.as_deref().unwrap(), "", "").unwrap();
+    let tools = [
+        json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}),
+    ];
+    let messages = [
+        json!({"role": "user", "content": "Weather in Paris?"}),
+        json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": "18C"}),
+    ];
+    let text = t.render(&messages, Some(&tools), true).unwrap();
+    let expected = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n\
+        You may call one or more functions to assist with the user query.\n\n\
+        You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\
+        {\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}\n\
+        </tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n\
+        <tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n\
+        <|im_start|>user\nWeather in Paris?<|im_end|>\n\
+        <|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n\
+        <|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(text, expected);
+}
