@@ -35,8 +35,8 @@ struct Entry {
 /// Sizes and modification times of the two files: a change means reload.
 type Fingerprint = [(u64, Option<SystemTime>); 2];
 
-/// One line of `dspark plugins list`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One line of `dspark plugins list` (and one entry of the server's `GET /v1/plugins`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct PluginSummary {
     /// The folder name (the plugin's name when it loaded).
     pub name: String,

@@ -2,15 +2,24 @@
 //!
 //! Subcommands so far: `plugins list|validate` (the plugin registry), `constraint check|maskbench`
 //! (drive a real constraint plugin in wasmtime without a model) and `generate` (one prompt
-//! through the engine). `serve` and `bench` arrive with the server work.
+//! through the engine) and `serve` (the OpenAI-compatible server). `bench` arrives with the
+//! DSpark work.
 
 mod cli;
+mod serve;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
 fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DSPARK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(code) => code,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, IndexOp, Tensor};
-use dspark_host::engine::backend::{ForwardBatch, KvShape};
+use dspark_host::engine::backend::{ForwardBatch, KvDtype, KvShape};
 use dspark_host::engine::chat::ChatTemplate;
 use dspark_host::engine::{
     Backend, CpuBackend, EngineConfig, FinishReason, GenerationRequest, LlmEngine, Model, ModelTokenizer, RequestError,
@@ -48,7 +48,7 @@ fn run_all(engine: &mut LlmEngine<CpuBackend>, requests: Vec<GenerationRequest>)
 }
 
 fn engine(path: &Path, config: EngineConfig) -> LlmEngine<CpuBackend> {
-    let (model, tokenizer) = load_model(CpuBackend, path).unwrap();
+    let (model, tokenizer) = load_model(CpuBackend::batch_invariant(), path).unwrap();
     LlmEngine::new(Arc::new(model), Arc::new(tokenizer), &config).unwrap()
 }
 
@@ -57,7 +57,8 @@ enum Reference {
     Qwen2(candle_transformers::models::quantized_qwen2::ModelWeights),
 }
 
-/// Greedy tokens from candle-transformers' implementation of the same GGUF file.
+/// Greedy tokens from candle-transformers' implementation of the same GGUF file, fed one
+/// token at a time (its decode path, whose arithmetic our kernels reproduce exactly).
 fn reference_greedy(path: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut file = std::fs::File::open(path).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
@@ -84,17 +85,22 @@ fn reference_greedy(path: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
     let argmax = |l: &[f32]| {
         l.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32
     };
-    let mut out = vec![argmax(&forward(prompt, 0))];
+    let mut logits = Vec::new();
+    for (pos, &token) in prompt.iter().enumerate() {
+        logits = forward(&[token], pos);
+    }
+    let mut out = vec![argmax(&logits)];
     while out.len() < n {
         let pos = prompt.len() + out.len() - 1;
-        let next = argmax(&forward(&[*out.last().unwrap()], pos));
-        out.push(next);
+        out.push(argmax(&forward(&[*out.last().unwrap()], pos)));
     }
     out
 }
 
 fn assert_matches_reference(path: &Path, message: &str) {
-    let mut engine = engine(path, EngineConfig { max_model_len: Some(1024), ..EngineConfig::default() });
+    // The reference keeps f32 keys and values; so does this engine for the comparison.
+    let config = EngineConfig { max_model_len: Some(1024), kv_cache_dtype: KvDtype::F32, ..EngineConfig::default() };
+    let mut engine = engine(path, config);
     let prompt = chat_prompt(engine.tokenizer(), message);
     let ours = run_all(&mut engine, vec![greedy(prompt.clone(), 64)]).remove(0).0;
     let reference = reference_greedy(path, &prompt, 64);
@@ -135,10 +141,16 @@ fn relative_error(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn a_multi_token_chunk_gives_the_logits_of_single_steps() {
     for path in [smollm2(), qwen25()] {
-        let (model, tokenizer) = load_model(CpuBackend, &path).unwrap();
+        let (model, tokenizer) = load_model(CpuBackend::batch_invariant(), &path).unwrap();
         let c = model.config().clone();
-        let shape =
-            KvShape { layers: c.layers, num_blocks: 8, block_size: 16, kv_heads: c.kv_heads, head_dim: c.head_dim };
+        let shape = KvShape {
+            layers: c.layers,
+            num_blocks: 8,
+            block_size: 16,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            dtype: KvDtype::F16,
+        };
         let prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog. Then").unwrap();
         let chunk = tokenizer.encode(r#"{"name": "Ada", "age": 36, "email": "ada@example.org"}"#).unwrap();
         let chunk = &chunk[..16.min(chunk.len())];
@@ -149,14 +161,14 @@ fn a_multi_token_chunk_gives_the_logits_of_single_steps() {
             model.forward(&batch, cache).unwrap();
         };
 
-        let mut cache = CpuBackend.kv_cache(shape).unwrap();
+        let mut cache = CpuBackend::new().kv_cache(shape).unwrap();
         prefill(&model, &mut cache);
         let mut batch = ForwardBatch::default();
         batch.push_sequence(chunk, prompt.len(), &table, 16, false);
         batch.logits_rows = (0..chunk.len()).collect();
         let chunked = model.forward(&batch, &mut cache).unwrap();
 
-        let mut cache = CpuBackend.kv_cache(shape).unwrap();
+        let mut cache = CpuBackend::new().kv_cache(shape).unwrap();
         prefill(&model, &mut cache);
         for (i, &token) in chunk.iter().enumerate() {
             let mut batch = ForwardBatch::default();
@@ -257,7 +269,7 @@ fn seeded_sampling_is_reproducible_in_any_batch() {
 
 #[test]
 fn the_gguf_tokenizer_matches_the_original_tokenizer_json() {
-    let (_, from_gguf) = load_model(CpuBackend, &qwen25()).unwrap();
+    let (_, from_gguf) = load_model(CpuBackend::batch_invariant(), &qwen25()).unwrap();
     let original = tokenizers::Tokenizer::from_file(tokenizer_json("qwen2.5")).unwrap();
     let texts = [
         "Hello, world! 12345 numbers",
@@ -275,7 +287,7 @@ fn the_gguf_tokenizer_matches_the_original_tokenizer_json() {
 
 #[test]
 fn chat_templates_render_like_hugging_face() {
-    let (_, smol) = load_model(CpuBackend, &smollm2()).unwrap();
+    let (_, smol) = load_model(CpuBackend::batch_invariant(), &smollm2()).unwrap();
     let t = ChatTemplate::new(smol.chat_template.as_deref().unwrap(), "", "").unwrap();
     let text = t.render(&[json!({"role": "user", "content": "Hi"})], None, true).unwrap();
     assert_eq!(
@@ -284,7 +296,7 @@ fn chat_templates_render_like_hugging_face() {
          <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
 
-    let (_, qwen) = load_model(CpuBackend, &qwen25()).unwrap();
+    let (_, qwen) = load_model(CpuBackend::batch_invariant(), &qwen25()).unwrap();
     let t = ChatTemplate::new(qwen.chat_template.as_deref().unwrap(), "", "").unwrap();
     let tools = [
         json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}),

@@ -9,6 +9,7 @@
 //! A SentencePiece GGUF needs its `tokenizer.json` beside it; the error says so.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
@@ -28,7 +29,7 @@ const QWEN2_PATTERN: &str =
 /// The tokenizer of a model with the facts the engine needs around it.
 pub struct ModelTokenizer {
     /// The tokenizer and its byte table.
-    pub tokenizer: HfTokenizer,
+    pub tokenizer: Arc<HfTokenizer>,
     /// The BOS token, if the vocabulary has one.
     pub bos: Option<u32>,
     /// Whether prompts start with BOS (`tokenizer.ggml.add_bos_token`).
@@ -52,11 +53,11 @@ impl ModelTokenizer {
         let eos = tokenizer.table().eos_tokens().to_vec();
         let bos = file.opt_u32("tokenizer.ggml.bos_token_id")?;
         Ok(Self {
+            tokenizer: Arc::new(tokenizer),
             bos,
             add_bos: file.opt_bool("tokenizer.ggml.add_bos_token").unwrap_or(false) && bos.is_some(),
             eos,
             chat_template: file.string("tokenizer.chat_template").ok().map(str::to_string),
-            tokenizer,
         })
     }
 

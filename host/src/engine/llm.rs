@@ -16,7 +16,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use thiserror::Error;
 
-use super::backend::{Backend, ForwardBatch, KvShape};
+use super::backend::{Backend, ForwardBatch, KvDtype, KvShape};
 use super::blocks::BlockManager;
 use super::detokenize::OutputText;
 use super::gguf_tokenizer::ModelTokenizer;
@@ -42,6 +42,8 @@ pub struct EngineConfig {
     pub kv_cache_max_bytes: usize,
     /// Share cached full blocks between sequences with the same prefix.
     pub prefix_caching: bool,
+    /// Element type of the KV cache.
+    pub kv_cache_dtype: KvDtype,
 }
 
 impl Default for EngineConfig {
@@ -54,12 +56,10 @@ impl Default for EngineConfig {
             kv_cache_tokens: None,
             kv_cache_max_bytes: 2 << 30,
             prefix_caching: true,
+            kv_cache_dtype: KvDtype::F16,
         }
     }
 }
-
-/// Bytes per KV element (the caches are f16).
-const KV_ELEMENT_BYTES: usize = 2;
 
 /// A constraint on one sequence's output (a plugin matcher, through the path tree or not).
 pub trait SequenceConstraint: Send {
@@ -244,8 +244,9 @@ impl<B: Backend> LlmEngine<B> {
             block_size: config.block_size,
             kv_heads: mc.kv_heads,
             head_dim: mc.head_dim,
+            dtype: config.kv_cache_dtype,
         };
-        let bytes_per_token = shape(0).bytes_per_slot(KV_ELEMENT_BYTES);
+        let bytes_per_token = shape(0).bytes_per_slot();
         let tokens = match config.kv_cache_tokens {
             Some(t) => t,
             None => (config.max_num_seqs * max_model_len)

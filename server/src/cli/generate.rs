@@ -40,12 +40,15 @@ pub struct GenerateArgs {
     /// Keep the k most likely tokens (0: all).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
+    /// Print the prompt and output token ids to stderr.
+    #[arg(long)]
+    show_tokens: bool,
 }
 
 /// Runs `dspark generate`.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let (model, tokenizer) = load_model(CpuBackend, &args.model)?;
+    let (model, tokenizer) = load_model(CpuBackend::new(), &args.model)?;
     let load_time = started.elapsed();
     let prompt = match (&args.prompt, &args.chat) {
         (Some(p), _) => p.clone(),
@@ -61,6 +64,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         (None, None) => unreachable!("clap requires --prompt or --chat"),
     };
     let prompt_ids = tokenizer.encode(&prompt)?;
+    if args.show_tokens {
+        eprintln!("prompt tokens: {prompt_ids:?}");
+    }
     let config = EngineConfig { max_num_seqs: 1, max_num_batched_tokens: 2048, ..EngineConfig::default() };
     let mut engine = LlmEngine::new(Arc::new(model), Arc::new(tokenizer), &config)?;
     let mut request = GenerationRequest::new(prompt_ids.clone());
@@ -83,6 +89,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         for update in engine.step()? {
             first_token.get_or_insert_with(|| begin.elapsed());
             generated += update.tokens.len();
+            if args.show_tokens {
+                eprint!("{:?}", update.tokens.iter().map(|t| t.token).collect::<Vec<_>>());
+            }
             write!(stdout, "{}", update.text)?;
             stdout.flush()?;
             finish = update.finish.or(finish);

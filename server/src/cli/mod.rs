@@ -4,6 +4,7 @@ mod constraint;
 mod generate;
 mod maskbench;
 mod plugins;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +29,8 @@ enum Command {
     /// Exercise constraints without a model.
     #[command(subcommand)]
     Constraint(constraint::ConstraintCommand),
+    /// Serve models over the OpenAI API.
+    Serve(serve::ServeArgs),
     /// Generate text from a prompt with a GGUF model (prints prompt and decode timings).
     Generate(generate::GenerateArgs),
 }
@@ -57,6 +60,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plugins(c) => plugins::run(c),
         Command::Constraint(c) => constraint::run(c),
+        Command::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
         Command::Generate(a) => generate::run(a).map(|()| ExitCode::SUCCESS),
     }
 }

@@ -5,20 +5,30 @@
 //! x86-64-v3, see `.cargo/config.toml`). Norms, RoPE, the gated activation and paged attention
 //! are short loops over row-major f32 slices, parallel over heads with rayon.
 //!
-//! The KV cache is f16: half the memory of f32 (16 sequences x 2,048 tokens of SmolLM2 take
-//! 755 MB instead of 1.5 GB) for a relative error far below the quantisation noise of the
-//! weights.
+//! Numerics: attention is computed for every row exactly as candle computes it for a single
+//! decoded token (its GEMM kernels' summation orders and softmax reduction on AVX2, see
+//! `horizontal_dot`, `lane_dot`, `lane_sum`). So a row's result does not depend on whether it
+//! came in a prefill chunk, a fast-forward chunk or a decode step, and with an f32 cache the
+//! engine reproduces candle-transformers' quantised models bit for bit. That matters more
+//! than it seems: activations are re-quantised to 8 bits before every matrix product, so one
+//! rounding difference flips a quantisation step and grows into percent-level logit changes.
+//! Quantised products are row-independent for most formats; for Q4_K/Q6_K see
+//! [`CpuBackend::batch_invariant`].
+//!
+//! The KV cache is f16 by default: half the memory of f32 (16 sequences x 2,048 tokens of
+//! SmolLM2 take 755 MB instead of 1.5 GB). f32 is available for bit-closer agreement with
+//! reference implementations that keep f32 keys and values.
 
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail};
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::{AttentionHeads, Backend, ForwardBatch, KvShape, RopeLayout, RopeTable};
+use super::{AttentionHeads, Backend, ForwardBatch, KvDtype, KvShape, RopeLayout, RopeTable};
 
 /// Row-major f32 activations.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,16 +53,67 @@ pub struct CpuMatrix {
     matmul: QMatMul,
 }
 
-/// Paged K/V storage of all layers, f16.
+/// Paged K/V storage of all layers.
 pub struct CpuKvCache {
     shape: KvShape,
-    k: Vec<Vec<f16>>,
-    v: Vec<Vec<f16>>,
+    layers: Vec<LayerKv>,
+}
+
+/// One layer's keys and values, in the cache's element type.
+enum LayerKv {
+    F16 { k: Vec<f16>, v: Vec<f16> },
+    F32 { k: Vec<f32>, v: Vec<f32> },
+}
+
+/// An element type of the KV cache.
+trait KvElement: Copy + Send + Sync {
+    fn load(src: &[Self], dst: &mut [f32]);
+    fn store(src: &[f32], dst: &mut [Self]);
+}
+
+impl KvElement for f16 {
+    fn load(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+    fn store(src: &[f32], dst: &mut [f16]) {
+        dst.convert_from_f32_slice(src);
+    }
+}
+
+impl KvElement for f32 {
+    fn load(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn store(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
 }
 
 /// The CPU backend.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    /// Multiply rows one at a time where candle's kernel for several rows rounds differently
+    /// from its kernel for one (Q4_K, Q6_K), so a row's result never depends on its batch.
+    /// Costs batch throughput on those formats; vLLM calls this batch-invariant mode.
+    pub batch_invariant: bool,
+}
+
+impl CpuBackend {
+    /// The default backend (batched kernels).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A backend whose results do not depend on batch composition.
+    pub fn batch_invariant() -> Self {
+        Self { batch_invariant: true }
+    }
+}
+
+/// Formats whose candle kernel for several rows is not the one-row kernel.
+fn rows_interact(dtype: GgmlDType) -> bool {
+    matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
+}
 
 fn candle(e: candle_core::Error) -> anyhow::Error {
     anyhow!("cpu backend: {e}")
@@ -88,12 +149,11 @@ impl Backend for CpuBackend {
             .checked_mul(shape.block_size)
             .and_then(|s| s.checked_mul(shape.kv_heads * shape.head_dim))
             .ok_or_else(|| anyhow!("KV cache size overflows: {shape:?}"))?;
-        let layer = || vec![f16::ZERO; per_layer];
-        Ok(CpuKvCache {
-            shape,
-            k: (0..shape.layers).map(|_| layer()).collect(),
-            v: (0..shape.layers).map(|_| layer()).collect(),
-        })
+        let layer = || match shape.dtype {
+            KvDtype::F16 => LayerKv::F16 { k: vec![f16::ZERO; per_layer], v: vec![f16::ZERO; per_layer] },
+            KvDtype::F32 => LayerKv::F32 { k: vec![0.0; per_layer], v: vec![0.0; per_layer] },
+        };
+        Ok(CpuKvCache { shape, layers: (0..shape.layers).map(|_| layer()).collect() })
     }
 
     fn matrix_bytes(&self, matrix: &CpuMatrix) -> usize {
@@ -119,8 +179,8 @@ impl Backend for CpuBackend {
         for r in 0..x.rows {
             let row = x.row(r);
             let mean_square = row.iter().map(|v| v * v).sum::<f32>() / x.cols as f32;
-            let scale = 1.0 / (mean_square + eps).sqrt();
-            data.extend(row.iter().zip(weight).map(|(v, w)| v * scale * w));
+            let rms = (mean_square + eps).sqrt();
+            data.extend(row.iter().zip(weight).map(|(v, w)| v / rms * w));
         }
         Ok(CpuTensor { rows: x.rows, cols: x.cols, data })
     }
@@ -130,9 +190,20 @@ impl Backend for CpuBackend {
         if inner != x.cols {
             bail!("linear: input has {} columns, weight expects {inner}", x.cols);
         }
-        let input = Tensor::from_slice(&x.data, (x.rows, x.cols), &Device::Cpu).map_err(candle)?;
-        let product = weight.matmul.forward(&input).map_err(candle)?;
-        let mut data = product.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(candle)?;
+        let multiply = |rows: &[f32]| -> anyhow::Result<Vec<f32>> {
+            let input = Tensor::from_slice(rows, (rows.len() / x.cols, x.cols), &Device::Cpu).map_err(candle)?;
+            let product = weight.matmul.forward(&input).map_err(candle)?;
+            product.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(candle)
+        };
+        let mut data = if self.batch_invariant && x.rows > 1 && rows_interact(weight.tensor.dtype()) {
+            let mut data = Vec::with_capacity(x.rows * out);
+            for row in x.data.chunks_exact(x.cols) {
+                data.extend(multiply(row)?);
+            }
+            data
+        } else {
+            multiply(&x.data)?
+        };
         if let Some(bias) = bias {
             if bias.len() != out {
                 bail!("linear: bias has {} values for {out} outputs", bias.len());
@@ -203,13 +274,26 @@ impl Backend for CpuBackend {
         if layer >= shape.layers || k.cols != width || v.cols != width || k.rows != slots.len() || v.rows != k.rows {
             bail!("write_kv: shapes do not match the cache {shape:?}");
         }
-        for (row, &slot) in slots.iter().enumerate() {
-            let slot = slot as usize;
-            if slot >= num_slots {
-                bail!("write_kv: slot {slot} is outside the cache ({num_slots} slots)");
+        if let Some(&slot) = slots.iter().find(|&&s| s as usize >= num_slots) {
+            bail!("write_kv: slot {slot} is outside the cache ({num_slots} slots)");
+        }
+        fn write<T: KvElement>(
+            keys: &mut [T],
+            values: &mut [T],
+            k: &CpuTensor,
+            v: &CpuTensor,
+            slots: &[u32],
+            width: usize,
+        ) {
+            for (row, &slot) in slots.iter().enumerate() {
+                let slot = slot as usize;
+                T::store(k.row(row), &mut keys[slot * width..(slot + 1) * width]);
+                T::store(v.row(row), &mut values[slot * width..(slot + 1) * width]);
             }
-            cache.k[layer][slot * width..(slot + 1) * width].convert_from_f32_slice(k.row(row));
-            cache.v[layer][slot * width..(slot + 1) * width].convert_from_f32_slice(v.row(row));
+        }
+        match &mut cache.layers[layer] {
+            LayerKv::F16 { k: keys, v: values } => write(keys, values, k, v, slots, width),
+            LayerKv::F32 { k: keys, v: values } => write(keys, values, k, v, slots, width),
         }
         Ok(())
     }
@@ -244,45 +328,12 @@ impl Backend for CpuBackend {
                 bail!("attention: block {block} is outside the cache");
             }
         }
-        let group = heads.heads / heads.kv_heads;
-        let kv_width = heads.kv_heads * head_dim;
-        let block_size = shape.block_size;
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let (keys, values) = (&cache.k[layer], &cache.v[layer]);
-        let mut out = vec![0f32; q.rows * q.cols];
-        out.par_chunks_mut(head_dim).enumerate().for_each_init(
-            || (Vec::<f32>::new(), vec![0f32; head_dim]),
-            |(scores, buffer), (index, out)| {
-                let (row, head) = (index / heads.heads, index % heads.heads);
-                let kv_head = head / group;
-                let seq = &batch.seqs[row_seq[row]];
-                let position = batch.positions[row] as usize;
-                let query = &q.data[row * q.cols + head * head_dim..][..head_dim];
-                let offset = |j: usize| {
-                    let slot = seq.block_table[j / block_size] as usize * block_size + j % block_size;
-                    slot * kv_width + kv_head * head_dim
-                };
-                scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for j in 0..=position {
-                    keys[offset(j)..][..head_dim].convert_to_f32_slice(buffer);
-                    let score = dot(query, buffer) * scale;
-                    max = max.max(score);
-                    scores.push(score);
-                }
-                let mut total = 0.0;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    total += *s;
-                }
-                for (j, &weight) in scores.iter().enumerate() {
-                    values[offset(j)..][..head_dim].convert_to_f32_slice(buffer);
-                    let weight = weight / total;
-                    out.iter_mut().zip(buffer.iter()).for_each(|(o, v)| *o += weight * v);
-                }
-            },
-        );
-        Ok(CpuTensor { rows: q.rows, cols: q.cols, data: out })
+        let geometry = Geometry { heads, block_size: shape.block_size };
+        let data = match &cache.layers[layer] {
+            LayerKv::F16 { k, v } => attend(q, k, v, batch, &row_seq, geometry),
+            LayerKv::F32 { k, v } => attend(q, k, v, batch, &row_seq, geometry),
+        };
+        Ok(CpuTensor { rows: q.rows, cols: q.cols, data })
     }
 
     fn select_rows(&self, x: &CpuTensor, rows: &[usize]) -> anyhow::Result<CpuTensor> {
@@ -301,16 +352,134 @@ impl Backend for CpuBackend {
     }
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorise without reassociation.
-    let mut acc = [0f32; 8];
-    let (a8, a_rest) = a.split_at(a.len() / 8 * 8);
-    let (b8, b_rest) = b.split_at(a8.len());
-    for (x, y) in a8.chunks_exact(8).zip(b8.chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
+#[derive(Clone, Copy)]
+struct Geometry {
+    heads: AttentionHeads,
+    block_size: usize,
+}
+
+/// Causal attention of every (row, query head) over its sequence's cached positions:
+/// `softmax(q k_j / sqrt(d)) v_j` for `j <= position`, parallel over (row, head).
+fn attend<T: KvElement>(
+    q: &CpuTensor,
+    keys: &[T],
+    values: &[T],
+    batch: &ForwardBatch,
+    row_seq: &[usize],
+    geometry: Geometry,
+) -> Vec<f32> {
+    let Geometry { heads, block_size } = geometry;
+    let head_dim = heads.head_dim;
+    let group = heads.heads / heads.kv_heads;
+    let kv_width = heads.kv_heads * head_dim;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let mut out = vec![0f32; q.rows * q.cols];
+    out.par_chunks_mut(head_dim).enumerate().for_each_init(
+        || (Vec::<f32>::new(), vec![0f32; head_dim]),
+        |(scores, buffer), (index, out)| {
+            let (row, head) = (index / heads.heads, index % heads.heads);
+            let kv_head = head / group;
+            let seq = &batch.seqs[row_seq[row]];
+            let position = batch.positions[row] as usize;
+            let query = &q.data[row * q.cols + head * head_dim..][..head_dim];
+            let offset = |j: usize| {
+                let slot = seq.block_table[j / block_size] as usize * block_size + j % block_size;
+                slot * kv_width + kv_head * head_dim
+            };
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            // Every row is computed as if it were decoded alone: the same numbers whether it
+            // comes in a prefill chunk, a fast-forward chunk or a decode step.
+            let dot = if position + 1 <= HORIZONTAL_MAX_KEYS { horizontal_dot } else { lane_dot };
+            for j in 0..=position {
+                T::load(&keys[offset(j)..][..head_dim], buffer);
+                let score = dot(query, buffer) * scale;
+                max = max.max(score);
+                scores.push(score);
+            }
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+            }
+            let total = lane_sum(scores);
+            for (j, &weight) in scores.iter().enumerate() {
+                T::load(&values[offset(j)..][..head_dim], buffer);
+                let weight = weight / total;
+                out.iter_mut().zip(buffer.iter()).for_each(|(o, v)| *o = weight.mul_add(*v, *o));
+            }
+        },
+    );
+    out
+}
+
+/// The sum of `xs` in the order of candle's AVX reduction (four 8-lane accumulators over
+/// blocks of 32, reduced pairwise, then the tail in order), so softmax denominators round
+/// exactly as the reference's do.
+fn lane_sum(xs: &[f32]) -> f32 {
+    let blocks = xs.len() / 32 * 32;
+    let mut acc = [[0f32; 8]; 4];
+    for block in xs[..blocks].chunks_exact(32) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for (l, a) in lanes.iter_mut().enumerate() {
+                *a += block[j * 8 + l];
+            }
         }
     }
-    let tail: f32 = a_rest.iter().zip(b_rest).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
+    let x: [f32; 8] = std::array::from_fn(|l| (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]));
+    let t: [f32; 4] = std::array::from_fn(|l| x[l] + x[l + 4]);
+    let mut sum = (t[0] + t[1]) + (t[2] + t[3]);
+    for &v in &xs[blocks..] {
+        sum += v;
+    }
+    sum
+}
+
+/// Up to this many keys, candle's GEMM computes a single query's scores with its
+/// horizontal kernel; beyond, with its matrix-vector kernel.
+const HORIZONTAL_MAX_KEYS: usize = 256;
+
+/// A dot product in the order of the reference's horizontal kernel: one fused 8-lane
+/// accumulator, then the lanes reduced as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+fn horizontal_dot(a: &[f32], b: &[f32]) -> f32 {
+    let k = a.len().min(b.len());
+    let mut acc = [0f32; 8];
+    for (at, (x, y)) in a[..k].iter().zip(&b[..k]).enumerate() {
+        acc[at % 8] = x.mul_add(*y, acc[at % 8]);
+    }
+    let x: [f32; 4] = std::array::from_fn(|l| acc[l] + acc[l + 4]);
+    (x[0] + x[2]) + (x[1] + x[3])
+}
+
+/// A dot product in the order of the reference's matrix-vector kernel (one query row):
+/// eight 8-lane fused accumulators over blocks of 64, reduced pairwise, then 8-lane blocks,
+/// the lanes summed in order, then the tail.
+fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
+    let k = a.len().min(b.len());
+    let mut depth = 0;
+    let mut acc = [[0f32; 8]; 8];
+    while depth + 64 <= k {
+        for (i, lanes) in acc.iter_mut().enumerate() {
+            for (l, v) in lanes.iter_mut().enumerate() {
+                let at = depth + 8 * i + l;
+                *v = a[at].mul_add(b[at], *v);
+            }
+        }
+        depth += 64;
+    }
+    let pair = |x: usize, y: usize, l: usize| acc[x][l] + acc[y][l];
+    let mut lanes: [f32; 8] =
+        std::array::from_fn(|l| (pair(0, 1, l) + pair(2, 3, l)) + (pair(4, 5, l) + pair(6, 7, l)));
+    while depth + 8 <= k {
+        for (l, v) in lanes.iter_mut().enumerate() {
+            *v = a[depth + l].mul_add(b[depth + l], *v);
+        }
+        depth += 8;
+    }
+    let mut sum = lanes[0];
+    for v in &lanes[1..] {
+        sum += v;
+    }
+    for at in depth..k {
+        sum = a[at].mul_add(b[at], sum);
+    }
+    sum
 }

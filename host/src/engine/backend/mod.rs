@@ -60,6 +60,27 @@ impl RopeTable {
     }
 }
 
+/// The element type of the KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    /// Half precision: half the memory, the default (as vLLM's `auto` for f16 models).
+    #[default]
+    F16,
+    /// Single precision.
+    F32,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+}
+
 /// The geometry of a paged KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvShape {
@@ -73,12 +94,14 @@ pub struct KvShape {
     pub kv_heads: usize,
     /// Dimensions per head.
     pub head_dim: usize,
+    /// Element type.
+    pub dtype: KvDtype,
 }
 
 impl KvShape {
-    /// Bytes of cache per token slot across all layers, for an element of `elem_bytes`.
-    pub fn bytes_per_slot(&self, elem_bytes: usize) -> usize {
-        2 * self.layers * self.kv_heads * self.head_dim * elem_bytes
+    /// Bytes of cache per token slot across all layers.
+    pub fn bytes_per_slot(&self) -> usize {
+        2 * self.layers * self.kv_heads * self.head_dim * self.dtype.bytes()
     }
 }
 

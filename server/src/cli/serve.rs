@@ -1,0 +1,93 @@
+//! `dspark serve`: arguments in the style GPUStack's custom-backend `run_command` passes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use dspark_host::plugin::RuntimeConfig;
+
+use crate::serve::config::EntryConfig;
+use crate::serve::{ServeOptions, cli_entry};
+
+/// The default model, fetched by `scripts/fetch-assets.sh`.
+pub const DEFAULT_MODEL: &str = "assets/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Arguments of `dspark serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// A GGUF model to serve (default: SmolLM2 from assets/ when no --config is given).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The name clients use in `model` (default: the file name without `.gguf`).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    #[arg(long, env = "DSPARK_API_KEY")]
+    api_key: Option<String>,
+    /// Sequences running at once (for --model).
+    #[arg(long, default_value_t = 16)]
+    max_num_seqs: usize,
+    /// Longest sequence, prompt plus output (for --model; default: the model's context, at
+    /// most 4096).
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// Turn DSpark off for --model (the classic one-mask-per-step path).
+    #[arg(long)]
+    no_dspark: bool,
+    /// GPUStack-style model entries (YAML, one `kind: Model` document each), reloaded on change.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The plugin registry directory.
+    #[arg(long, default_value = "plugins", env = "DSPARK_PLUGINS_DIR")]
+    plugins_dir: PathBuf,
+    /// Compiled-plugin cache and quarantine records (default: $DSPARK_STATE_DIR, else
+    /// ~/.cache/dspark).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    max_body_bytes: usize,
+}
+
+/// Runs `dspark serve`.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("--host {} --port {} is not an address", args.host, args.port))?;
+    let model = match (&args.model, &args.config) {
+        (Some(m), _) => Some(m.clone()),
+        (None, None) => Some(PathBuf::from(DEFAULT_MODEL)),
+        (None, Some(_)) => None,
+    };
+    let mut entries = Vec::new();
+    if let Some(path) = model {
+        if !path.is_file() {
+            bail!("model file {} not found (scripts/fetch-assets.sh fetches the default model)", path.display());
+        }
+        let name = args.served_model_name.clone().unwrap_or_else(|| {
+            path.file_name().map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string()).unwrap_or_default()
+        });
+        let config = EntryConfig {
+            dspark: !args.no_dspark,
+            max_num_seqs: args.max_num_seqs,
+            max_model_len: args.max_model_len,
+            ..EntryConfig::default()
+        };
+        entries.push(cli_entry(name, path, config));
+    }
+    crate::serve::run(ServeOptions {
+        addr,
+        entries,
+        config: args.config,
+        api_key: args.api_key.filter(|k| !k.is_empty()),
+        plugins_dir: args.plugins_dir,
+        state_dir: args.state_dir.unwrap_or_else(RuntimeConfig::default_state_dir),
+        body_limit: args.max_body_bytes,
+    })
+}

@@ -1,0 +1,281 @@
+//! OpenAI request bodies, parsed with the path of any field of the wrong type, and turned into
+//! engine parameters with range checks that name the field.
+//!
+//! Unknown fields are ignored (clients send vendor extras), as vLLM does. Accepted extras:
+//! vLLM's `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`,
+//! `structured_outputs` and the older `guided_*` fields, and dspark's plugin extension in
+//! `response_format` (see [`crate::serve::constraint`]).
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use dspark_host::engine::SamplingParams;
+use dspark_host::engine::sampler::MAX_TOP_LOGPROBS;
+
+use super::error::ApiError;
+
+/// Parses a JSON body into `T`; a type error names the field (`messages[0].role`).
+pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(v) => {
+            de.end().map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+            Ok(v)
+        }
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if inner.is_syntax() || inner.is_eof() {
+                Err(ApiError::bad_request(format!("the request body is not valid JSON: {inner}")))
+            } else if path == "." || path.is_empty() {
+                Err(ApiError::bad_request(format!("invalid request body: {inner}")))
+            } else {
+                Err(ApiError::invalid(path.clone(), format!("`{path}`: {inner}")))
+            }
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with the usage.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling fields shared by chat and completions.
+#[derive(Debug, Default, Deserialize)]
+pub struct Sampling {
+    /// Most completion tokens (legacy name).
+    pub max_tokens: Option<u64>,
+    /// Most completion tokens.
+    pub max_completion_tokens: Option<u64>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// vLLM: keep the k best tokens (-1 or 0: all).
+    pub top_k: Option<i64>,
+    /// vLLM: relative probability floor.
+    pub min_p: Option<f32>,
+    /// Choices to generate.
+    pub n: Option<u32>,
+    /// Stream with server-sent events.
+    #[serde(default)]
+    pub stream: bool,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Stop string or strings.
+    pub stop: Option<Value>,
+    /// Seed.
+    pub seed: Option<i64>,
+    /// OpenAI presence penalty.
+    pub presence_penalty: Option<f32>,
+    /// OpenAI frequency penalty.
+    pub frequency_penalty: Option<f32>,
+    /// vLLM repetition penalty.
+    pub repetition_penalty: Option<f32>,
+    /// vLLM: do not stop at EOS.
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// vLLM: extra stop token ids.
+    #[serde(default)]
+    pub stop_token_ids: Vec<u32>,
+    /// Structured output (OpenAI).
+    pub response_format: Option<Value>,
+    /// vLLM structured outputs.
+    pub structured_outputs: Option<Value>,
+    /// vLLM (older): a JSON schema.
+    pub guided_json: Option<Value>,
+    /// vLLM (older): a regular expression.
+    pub guided_regex: Option<String>,
+    /// vLLM (older): one of these strings.
+    pub guided_choice: Option<Vec<String>>,
+    /// vLLM (older): a grammar.
+    pub guided_grammar: Option<String>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    /// The served model name.
+    pub model: String,
+    /// The conversation.
+    pub messages: Vec<Value>,
+    /// Return log-probabilities.
+    #[serde(default)]
+    pub logprobs: bool,
+    /// Alternatives per token.
+    pub top_logprobs: Option<u32>,
+    /// Tools the model may call.
+    pub tools: Option<Vec<Value>>,
+    /// Tool choice.
+    pub tool_choice: Option<Value>,
+    /// Sampling and structure.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    /// The served model name.
+    pub model: String,
+    /// A string, a list of strings, a list of token ids or a list of those.
+    pub prompt: Value,
+    /// Alternatives per token (legacy completions take a number).
+    pub logprobs: Option<u32>,
+    /// Prepend the prompt to the output.
+    #[serde(default)]
+    pub echo: bool,
+    /// Text after the completion (not supported).
+    pub suffix: Option<String>,
+    /// Sampling and structure.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// Engine parameters resolved from a request.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// Sampling parameters (seed of choice 0).
+    pub sampling: SamplingParams,
+    /// Most completion tokens, if limited.
+    pub max_tokens: Option<usize>,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Choices.
+    pub n: usize,
+    /// Streaming.
+    pub stream: bool,
+    /// Usage chunk at the end of a stream.
+    pub include_usage: bool,
+    /// vLLM's `ignore_eos`.
+    pub ignore_eos: bool,
+    /// vLLM's `stop_token_ids`.
+    pub stop_token_ids: Vec<u32>,
+}
+
+/// Defaults a model entry sets for requests that leave a parameter out.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingDefaults {
+    /// Default temperature.
+    pub temperature: Option<f32>,
+    /// Default top_p.
+    pub top_p: Option<f32>,
+    /// Default top_k.
+    pub top_k: Option<i64>,
+    /// Default min_p.
+    pub min_p: Option<f32>,
+    /// Default max_tokens.
+    pub max_tokens: Option<u64>,
+    /// Default repetition penalty.
+    pub repetition_penalty: Option<f32>,
+}
+
+/// Most choices per request.
+pub const MAX_N: u32 = 16;
+/// Most stop strings.
+pub const MAX_STOPS: usize = 16;
+
+impl Sampling {
+    /// Checks ranges and resolves defaults. `logprobs` is the number of alternatives when
+    /// log-probabilities are wanted.
+    pub fn resolve(&self, logprobs: Option<u32>, defaults: &SamplingDefaults) -> Result<Resolved, ApiError> {
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens, defaults.max_tokens) {
+            (Some(m), _, _) => Some(("max_completion_tokens", m)),
+            (None, Some(m), _) => Some(("max_tokens", m)),
+            (None, None, Some(m)) => Some(("max_tokens", m)),
+            _ => None,
+        };
+        if let Some((field, 0)) = max_tokens {
+            return Err(ApiError::invalid(field, format!("`{field}` must be at least 1")));
+        }
+        let n = self.n.unwrap_or(1);
+        if n == 0 || n > MAX_N {
+            return Err(ApiError::invalid("n", format!("`n` must be between 1 and {MAX_N}, got {n}")));
+        }
+        if let Some(k) = logprobs
+            && k as usize > MAX_TOP_LOGPROBS
+        {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                format!("`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"),
+            ));
+        }
+        let stop = match &self.stop {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| ApiError::invalid("stop", "`stop` must be a string or an array of strings"))?,
+            Some(_) => return Err(ApiError::invalid("stop", "`stop` must be a string or an array of strings")),
+        };
+        if stop.len() > MAX_STOPS {
+            return Err(ApiError::invalid("stop", format!("`stop` may hold at most {MAX_STOPS} strings")));
+        }
+        let top_k = self.top_k.or(defaults.top_k).unwrap_or(0);
+        if top_k < -1 {
+            return Err(ApiError::invalid("top_k", format!("`top_k` must be -1, 0 or positive, got {top_k}")));
+        }
+        let sampling = SamplingParams {
+            temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
+            top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
+            top_k: top_k.max(0) as usize,
+            min_p: self.min_p.or(defaults.min_p).unwrap_or(0.0),
+            seed: self.seed.map(|s| s as u64),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.or(defaults.repetition_penalty).unwrap_or(1.0),
+            logprobs: logprobs.map(|k| k as usize),
+        };
+        sampling.validate().map_err(|e| {
+            let dspark_host::engine::sampler::ParamError::OutOfRange { name, .. } = &e;
+            ApiError::invalid(*name, e.to_string())
+        })?;
+        Ok(Resolved {
+            sampling,
+            max_tokens: max_tokens.map(|(_, m)| usize::try_from(m).unwrap_or(usize::MAX)),
+            stop,
+            n: n as usize,
+            stream: self.stream,
+            include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            ignore_eos: self.ignore_eos,
+            stop_token_ids: self.stop_token_ids.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_errors_name_the_field() {
+        let err = parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "temperature": "hot"}"#).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("temperature"));
+        assert_eq!(err.status.as_u16(), 400);
+        let err = parse_body::<ChatRequest>(br#"{"model": "m"}"#).unwrap_err();
+        assert!(err.message.contains("messages"), "{}", err.message);
+        let err = parse_body::<ChatRequest>(b"{not json").unwrap_err();
+        assert!(err.message.starts_with("the request body is not valid JSON"), "{}", err.message);
+    }
+
+    #[test]
+    fn ranges_are_checked() {
+        let req = parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "top_p": 1.5}"#).unwrap();
+        let err = req.sampling.resolve(None, &SamplingDefaults::default()).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("top_p"));
+        assert_eq!(err.message, "`top_p` must be in (0, 1], got 1.5");
+        let req = parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "max_tokens": 0}"#).unwrap();
+        assert_eq!(
+            req.sampling.resolve(None, &SamplingDefaults::default()).unwrap_err().param.as_deref(),
+            Some("max_tokens")
+        );
+    }
+}

@@ -1,0 +1,270 @@
+//! Model entries: GPUStack `kind: Model` documents (one YAML document per entry) or a single
+//! entry from the command line.
+//!
+//! ```yaml
+//! apiVersion: gpustack.gg/v1alpha1
+//! kind: Model
+//! metadata:
+//!   name: smollm2-dspark
+//! spec:
+//!   source: file:assets/SmolLM2-135M-Instruct.Q4_1.gguf   # or a plain path, or local_path:
+//!   engine: dspark                                         # or backend: dspark
+//!   replicas: 1
+//!   config:
+//!     dspark: true            # the one-line switch (default true)
+//!     max_num_seqs: 16
+//!     max_model_len: 4096
+//!     sampling: {temperature: 0.7, top_p: 0.9, max_tokens: 512}
+//!   backend_parameters: ["--max-num-seqs=8"]              # GPUStack style, same keys
+//! ```
+//!
+//! Relative paths are relative to the config file's folder. Unknown keys in `config` are
+//! errors naming the entry and the key, so a typo never silently falls back to a default.
+//! `backend_parameters` accept the `config` keys as `--key=value` or `--key value` flags
+//! (dashes or underscores), as GPUStack passes them to custom backends.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, anyhow, bail};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::api::SamplingDefaults;
+
+/// One served model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelEntry {
+    /// The name clients put in `model`.
+    pub name: String,
+    /// The GGUF file.
+    pub path: PathBuf,
+    /// Engine and DSpark settings.
+    pub config: EntryConfig,
+}
+
+/// `spec.config` of an entry.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntryConfig {
+    /// DSpark on (path tree, fast-forward, overlapped masks) or the classic path.
+    #[serde(default = "yes")]
+    pub dspark: bool,
+    /// Sequences running at once.
+    #[serde(default = "default_max_num_seqs")]
+    pub max_num_seqs: usize,
+    /// Longest sequence; default: the model's context length, at most 4096.
+    pub max_model_len: Option<usize>,
+    /// Tokens per forward pass.
+    #[serde(default = "default_batched_tokens")]
+    pub max_num_batched_tokens: usize,
+    /// KV cache size in tokens (default: max_num_seqs x max_model_len within 2 GiB).
+    pub kv_cache_tokens: Option<usize>,
+    /// Share KV blocks of common prefixes.
+    #[serde(default = "yes")]
+    pub prefix_caching: bool,
+    /// Requests admitted at once (running plus queued) before 429.
+    #[serde(default = "default_max_queue")]
+    pub max_queue: usize,
+    /// Defaults for sampling parameters a request leaves out.
+    #[serde(default)]
+    pub sampling: SamplingDefaults,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_max_num_seqs() -> usize {
+    16
+}
+fn default_batched_tokens() -> usize {
+    512
+}
+fn default_max_queue() -> usize {
+    256
+}
+
+impl Default for EntryConfig {
+    fn default() -> Self {
+        serde_json::from_value(Value::Object(Default::default())).unwrap_or_else(|_| unreachable!("all fields default"))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Document {
+    api_version: Option<String>,
+    kind: Option<String>,
+    metadata: Metadata,
+    spec: Spec,
+}
+
+#[derive(Debug, Deserialize)]
+struct Metadata {
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Spec {
+    source: Option<String>,
+    local_path: Option<String>,
+    engine: Option<String>,
+    backend: Option<String>,
+    replicas: Option<u32>,
+    #[serde(default)]
+    config: serde_json::Map<String, Value>,
+    #[serde(default)]
+    backend_parameters: Vec<String>,
+}
+
+/// Reads every entry of a config file.
+pub fn load_file(path: &Path) -> anyhow::Result<Vec<ModelEntry>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    parse(&text, base).with_context(|| format!("in {}", path.display()))
+}
+
+/// Parses YAML documents; relative model paths are taken from `base`.
+pub fn parse(text: &str, base: &Path) -> anyhow::Result<Vec<ModelEntry>> {
+    let mut entries: Vec<ModelEntry> = Vec::new();
+    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value = serde_yaml_ng::Value::deserialize(document).with_context(|| format!("document {}", index + 1))?;
+        if value.is_null() {
+            continue;
+        }
+        let doc: Document =
+            serde_yaml_ng::from_value(value).with_context(|| format!("document {} is not a Model", index + 1))?;
+        let name = doc.metadata.name.trim().to_string();
+        let entry = entry_from(doc, base).with_context(|| format!("model `{name}`"))?;
+        if entries.iter().any(|e| e.name == entry.name) {
+            bail!("model `{}` is defined twice", entry.name);
+        }
+        entries.push(entry);
+    }
+    Ok(entries)
+}
+
+fn entry_from(doc: Document, base: &Path) -> anyhow::Result<ModelEntry> {
+    if let Some(kind) = &doc.kind
+        && kind != "Model"
+    {
+        bail!("kind `{kind}` is not supported (expected Model)");
+    }
+    if let Some(api) = &doc.api_version
+        && !api.starts_with("gpustack.gg/")
+    {
+        bail!("apiVersion `{api}` is not supported (expected gpustack.gg/v1alpha1)");
+    }
+    let name = doc.metadata.name.trim().to_string();
+    if name.is_empty() {
+        bail!("metadata.name is empty");
+    }
+    let engine = doc.spec.engine.as_deref().or(doc.spec.backend.as_deref()).unwrap_or("dspark");
+    if !engine.eq_ignore_ascii_case("dspark") {
+        bail!("spec.engine `{engine}` is not dspark");
+    }
+    if doc.spec.replicas.is_some_and(|r| r != 1) {
+        bail!("spec.replicas must be 1 (one dspark process serves one replica)");
+    }
+    let source = doc
+        .spec
+        .source
+        .as_deref()
+        .or(doc.spec.local_path.as_deref())
+        .ok_or_else(|| anyhow!("spec.source (or spec.local_path) is missing"))?;
+    let source = source.strip_prefix("file://").or_else(|| source.strip_prefix("file:")).unwrap_or(source);
+    if source.contains("://") {
+        bail!("spec.source `{source}` is remote; dspark serves local GGUF files (file:PATH or a path)");
+    }
+    let path = base.join(source);
+    let mut config = doc.spec.config;
+    for (key, value) in parse_backend_parameters(&doc.spec.backend_parameters)? {
+        config.insert(key, value);
+    }
+    let config: EntryConfig = serde_json::from_value(Value::Object(config)).map_err(|e| anyhow!("spec.config: {e}"))?;
+    if config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 || config.max_queue == 0 {
+        bail!("spec.config: max_num_seqs, max_num_batched_tokens and max_queue must be positive");
+    }
+    Ok(ModelEntry { name, path, config })
+}
+
+/// `["--max-num-seqs=8", "--dspark", "false"]` to config keys and values.
+fn parse_backend_parameters(params: &[String]) -> anyhow::Result<Vec<(String, Value)>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < params.len() {
+        let arg = params[i].trim();
+        let flag = arg.strip_prefix("--").ok_or_else(|| anyhow!("backend parameter `{arg}` is not a --flag"))?;
+        let (key, raw) = match flag.split_once('=') {
+            Some((k, v)) => (k.to_string(), Some(v.to_string())),
+            None => match params.get(i + 1).filter(|next| !next.starts_with("--")) {
+                Some(next) => {
+                    i += 1;
+                    (flag.to_string(), Some(next.clone()))
+                }
+                None => (flag.to_string(), None),
+            },
+        };
+        let value = match raw {
+            None => Value::Bool(true),
+            Some(v) => serde_json::from_str(&v).unwrap_or(Value::String(v)),
+        };
+        out.push((key.replace('-', "_"), value));
+        i += 1;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWO: &str = r#"
+apiVersion: gpustack.gg/v1alpha1
+kind: Model
+metadata:
+  name: smollm2-dspark
+spec:
+  source: file:models/smol.gguf
+  engine: dspark
+  replicas: 1
+  config:
+    dspark: true
+    max_num_seqs: 16
+    max_model_len: 4096
+    sampling: {temperature: 0.5}
+---
+apiVersion: gpustack.gg/v1alpha1
+kind: Model
+metadata:
+  name: smollm2-classic
+spec:
+  source: /abs/smol.gguf
+  backend_parameters: ["--dspark=false", "--max-num-seqs", "4"]
+"#;
+
+    #[test]
+    fn gpustack_documents_become_entries() {
+        let entries = parse(TWO, Path::new("/etc/dspark")).unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].name, "smollm2-dspark");
+        assert_eq!(entries[0].path, Path::new("/etc/dspark/models/smol.gguf"));
+        assert!(entries[0].config.dspark);
+        assert_eq!(entries[0].config.max_model_len, Some(4096));
+        assert_eq!(entries[0].config.sampling.temperature, Some(0.5));
+        assert_eq!(entries[1].path, Path::new("/abs/smol.gguf"));
+        assert!(!entries[1].config.dspark);
+        assert_eq!(entries[1].config.max_num_seqs, 4);
+        assert_eq!(entries[1].config.max_num_batched_tokens, 512);
+    }
+
+    #[test]
+    fn mistakes_name_the_entry_and_key() {
+        let bad = "kind: Model\nmetadata: {name: m}\nspec: {source: x.gguf, config: {max_num_seq: 3}}\n";
+        let err = format!("{:#}", parse(bad, Path::new(".")).unwrap_err());
+        assert!(err.contains("model `m`") && err.contains("max_num_seq"), "{err}");
+        let dup = "metadata: {name: m}\nspec: {source: a}\n---\nmetadata: {name: m}\nspec: {source: b}\n";
+        assert!(format!("{:#}", parse(dup, Path::new(".")).unwrap_err()).contains("defined twice"));
+        let remote = "metadata: {name: m}\nspec: {source: 'hf://x/y'}\n";
+        assert!(format!("{:#}", parse(remote, Path::new(".")).unwrap_err()).contains("remote"));
+    }
+}

@@ -1,0 +1,549 @@
+//! The HTTP handlers: chat and text completions (plain and streaming), models, plugins,
+//! health and metrics.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use dspark_host::engine::chat::ChatTemplate;
+use dspark_host::engine::{FinishReason, GenerationRequest, SequenceConstraint, SequenceUpdate, TokenOutput};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::AppState;
+use super::api::{ChatRequest, CompletionRequest, Resolved, parse_body};
+use super::constraint::{self, ConstraintSpec};
+use super::error::ApiError;
+use super::models::Served;
+use super::worker::{Event, Ticket};
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn request_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    format!("{prefix}-{:016x}{:04x}", nanos, COUNTER.fetch_add(1, Ordering::Relaxed) & 0xffff)
+}
+
+fn body_bytes(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(state.body_limit)
+        } else {
+            ApiError::bad_request(format!("cannot read the request body: {rejection}"))
+        }
+    })
+}
+
+/// `GET /health`.
+pub async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let ready = state.models.all_ready();
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(json!({"status": if ready { "ok" } else { "loading" }}))).into_response()
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({"object": "list", "data": state.models.list()})).into_response()
+}
+
+/// `GET /v1/plugins`.
+pub async fn plugins(State(state): State<Arc<AppState>>) -> Response {
+    let data: Vec<Value> =
+        state.registry.list().into_iter().map(|p| serde_json::to_value(p).unwrap_or(Value::Null)).collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let strikes: Vec<(String, u32)> = state.registry.list().into_iter().map(|p| (p.name.clone(), p.strikes)).collect();
+    ([("content-type", "text/plain; version=0.0.4")], state.metrics.render(&strikes)).into_response()
+}
+
+/// Flattens OpenAI message content (a string, or text parts) and checks roles.
+fn normalise_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` must hold at least one message"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let Value::Object(map) = m else {
+                return Err(ApiError::invalid(format!("messages[{i}]"), format!("`messages[{i}]` must be an object")));
+            };
+            let role = map.get("role").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid(format!("messages[{i}].role"), format!("`messages[{i}].role` must be a string"))
+            })?;
+            if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!("`messages[{i}].role` `{role}` is not one of system, developer, user, assistant, tool"),
+                ));
+            }
+            let content = match map.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => Ok(t.to_string()),
+                        _ => Err(ApiError::invalid(
+                            format!("messages[{i}].content"),
+                            format!("`messages[{i}].content` parts must be text parts ({{\"type\": \"text\", \"text\": ...}})"),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(""),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].content"),
+                        format!("`messages[{i}].content` must be a string or an array of text parts"),
+                    ));
+                }
+            };
+            let mut out = map.clone();
+            out.insert("role".into(), Value::String(if role == "developer" { "system".into() } else { role.into() }));
+            out.insert("content".into(), Value::String(content));
+            Ok(Value::Object(out))
+        })
+        .collect()
+}
+
+/// The prompt tokens of a chat request.
+fn chat_prompt(served: &Served, request: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+    let messages = normalise_messages(&request.messages)?;
+    let tokenizer = &served.worker.tokenizer;
+    let source = tokenizer.chat_template.as_deref().ok_or_else(|| {
+        ApiError::bad_request(format!("model `{}` has no chat template; use /v1/completions", served.entry.name))
+    })?;
+    let bos = tokenizer.bos.map(|b| tokenizer.token_text(b)).unwrap_or_default();
+    let eos = tokenizer.eos.first().map(|&e| tokenizer.token_text(e)).unwrap_or_default();
+    let template = ChatTemplate::new(source, &bos, &eos).map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    let tools = request.tools.as_deref();
+    let text = template
+        .render(&messages, tools, true)
+        .map_err(|e| ApiError::invalid("messages", format!("the chat template rejected the conversation: {e:#}")))?;
+    // The template already wrote BOS where the model wants it.
+    let ids =
+        tokenizer.tokenizer.inner().encode(text.as_str(), false).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(ids.get_ids().to_vec())
+}
+
+/// Builds the constraints of `n` choices (blocking plugin compilation off the async runtime).
+async fn constraints(
+    state: &Arc<AppState>,
+    served: &Arc<Served>,
+    spec: &Option<ConstraintSpec>,
+    n: usize,
+) -> Result<Vec<Option<Box<dyn SequenceConstraint>>>, ApiError> {
+    let Some(spec) = spec.clone() else { return Ok((0..n).map(|_| None).collect()) };
+    let (state, served) = (state.clone(), served.clone());
+    tokio::task::spawn_blocking(move || {
+        (0..n)
+            .map(|_| {
+                let c = constraint::build(
+                    &spec,
+                    &state.registry,
+                    &served.pools,
+                    &served.worker.tokenizer,
+                    served.worker.metrics.clone(),
+                )?;
+                Ok(Some(Box::new(c.with_vocab(served.worker.vocab_size)) as Box<dyn SequenceConstraint>))
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("constraint compilation failed: {e}")))?
+}
+
+/// Submits `n` choices for one prompt.
+async fn submit(
+    served: &Served,
+    prompt: Vec<u32>,
+    resolved: &Resolved,
+    constraints: Vec<Option<Box<dyn SequenceConstraint>>>,
+) -> Result<Vec<Ticket>, ApiError> {
+    let mut tickets = Vec::with_capacity(constraints.len());
+    for (i, constraint) in constraints.into_iter().enumerate() {
+        let mut sampling = resolved.sampling.clone();
+        sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+        let request = GenerationRequest {
+            prompt: prompt.clone(),
+            sampling,
+            max_tokens: resolved.max_tokens,
+            stop: resolved.stop.clone(),
+            stop_token_ids: resolved.stop_token_ids.clone(),
+            ignore_eos: resolved.ignore_eos,
+            constraint,
+        };
+        tickets.push(served.worker.submit(request).await?);
+    }
+    Ok(tickets)
+}
+
+fn finish_reason(f: &FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Error(_) => "error",
+    }
+}
+
+/// Checks a finished constrained answer and counts a failure (which must never happen).
+fn check_output(served: &Served, spec: &Option<ConstraintSpec>, text: &str, finish: &FinishReason) {
+    let Some(schema) = spec.as_ref().and_then(|s| s.validate.as_ref()) else { return };
+    if *finish != FinishReason::Stop {
+        return;
+    }
+    let valid = match serde_json::from_str::<Value>(text) {
+        Ok(value) => jsonschema::validator_for(schema).map(|v| v.is_valid(&value)).unwrap_or(true),
+        Err(_) => false,
+    };
+    if !valid {
+        served.worker.metrics.validation_failures.add(1);
+        tracing::error!(model = %served.entry.name, "a constrained answer finished with stop but does not validate: {text}");
+    }
+}
+
+/// Token logprob entries in the chat format.
+fn token_logprobs(served: &Served, tokens: &[TokenOutput]) -> Vec<Value> {
+    let table = served.worker.tokenizer.tokenizer.table();
+    let entry = |id: u32, logprob: f32| {
+        let bytes = table.token_bytes(id);
+        json!({"token": String::from_utf8_lossy(bytes), "logprob": logprob, "bytes": bytes})
+    };
+    tokens
+        .iter()
+        .map(|t| {
+            // A forced token had no alternative: probability 1.
+            let logprob = t.logprob.unwrap_or(0.0);
+            let mut e = entry(t.token, logprob);
+            let top: Vec<Value> = if t.forced {
+                vec![entry(t.token, 0.0)]
+            } else {
+                t.top_logprobs.iter().map(|&(id, lp)| entry(id, lp)).collect()
+            };
+            e["top_logprobs"] = Value::Array(top);
+            e
+        })
+        .collect()
+}
+
+struct Collected {
+    text: String,
+    tokens: Vec<TokenOutput>,
+    finish: FinishReason,
+}
+
+async fn collect(mut ticket: Ticket) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    while let Some(event) = ticket.events.recv().await {
+        match event {
+            Event::Update(SequenceUpdate { tokens: t, text: delta, finish, .. }) => {
+                text.push_str(&delta);
+                tokens.extend(t);
+                if let Some(finish) = finish {
+                    return Ok(Collected { text, tokens, finish });
+                }
+            }
+            Event::Failed(message) => return Err(ApiError::internal(message)),
+        }
+    }
+    Err(ApiError::internal("the engine dropped the request"))
+}
+
+fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens})
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match chat(state, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = body_bytes(&state, body)?;
+    let request: ChatRequest = parse_body(&body)?;
+    let served = state.models.get(&request.model)?;
+    let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
+    let resolved = request.sampling.resolve(logprobs, &served.entry.config.sampling)?;
+    let spec = constraint::from_request(&request.sampling)?;
+    let prompt = chat_prompt(&served, &request)?;
+    let id = request_id("chatcmpl");
+    tracing::info!(request_id = %id, model = %request.model, prompt_tokens = prompt.len(), n = resolved.n, stream = resolved.stream, constraint = ?spec.as_ref().map(|s| &s.kind), "chat completion");
+    let constraints = constraints(&state, &served, &spec, resolved.n).await?;
+    let prompt_tokens = prompt.len();
+    let tickets = submit(&served, prompt, &resolved, constraints).await?;
+    let created = unix_now();
+    if resolved.stream {
+        return Ok(stream_chat(served, spec, tickets, id, created, request.model, prompt_tokens, resolved));
+    }
+    let mut choices = Vec::new();
+    let mut completion_tokens = 0;
+    for (index, ticket) in tickets.into_iter().enumerate() {
+        let out = collect(ticket).await?;
+        check_output(&served, &spec, &out.text, &out.finish);
+        completion_tokens += out.tokens.len();
+        let logprobs = resolved.sampling.logprobs.map(|_| json!({"content": token_logprobs(&served, &out.tokens)}));
+        choices.push(json!({
+            "index": index,
+            "message": {"role": "assistant", "content": out.text, "tool_calls": []},
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(&out.finish),
+        }));
+    }
+    Ok(axum::Json(json!({
+        "id": id, "object": "chat.completion", "created": created, "model": request.model,
+        "choices": choices, "usage": usage(prompt_tokens, completion_tokens),
+    }))
+    .into_response())
+}
+
+/// Merges the tickets' events into one channel of (choice index, event).
+fn merge(tickets: Vec<Ticket>) -> mpsc::UnboundedReceiver<(usize, Event)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    for (index, mut ticket) in tickets.into_iter().enumerate() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(event) = ticket.events.recv().await {
+                if tx.send((index, event)).is_err() {
+                    // The client left; dropping the ticket cancels the sequence.
+                    return;
+                }
+            }
+        });
+    }
+    rx
+}
+
+fn sse(value: &Value) -> Result<SseEvent, std::convert::Infallible> {
+    Ok(SseEvent::default().data(value.to_string()))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn stream_chat(
+    served: Arc<Served>,
+    spec: Option<ConstraintSpec>,
+    tickets: Vec<Ticket>,
+    id: String,
+    created: u64,
+    model: String,
+    prompt_tokens: usize,
+    resolved: Resolved,
+) -> Response {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let n = tickets.len();
+    let mut events = merge(tickets);
+    tokio::spawn(async move {
+        let chunk = |choices: Value, usage: Option<Value>| {
+            let mut c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
+            if resolved.include_usage {
+                c["usage"] = usage.unwrap_or(Value::Null);
+            }
+            c
+        };
+        for index in 0..n {
+            let first = chunk(
+                json!([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+                None,
+            );
+            if tx.send(sse(&first)).is_err() {
+                return;
+            }
+        }
+        let mut texts = vec![String::new(); n];
+        let mut completion_tokens = 0;
+        let mut open = n;
+        while open > 0 {
+            let Some((index, event)) = events.recv().await else { break };
+            let update = match event {
+                Event::Update(u) => u,
+                Event::Failed(message) => {
+                    let _ = tx.send(sse(&ApiError::internal(message).body()));
+                    return;
+                }
+            };
+            completion_tokens += update.tokens.len();
+            texts[index].push_str(&update.text);
+            let logprobs =
+                resolved.sampling.logprobs.map(|_| json!({"content": token_logprobs(&served, &update.tokens)}));
+            if !update.text.is_empty() || logprobs.is_some() && !update.tokens.is_empty() {
+                let c = chunk(
+                    json!([{"index": index, "delta": {"content": update.text}, "logprobs": logprobs, "finish_reason": null}]),
+                    None,
+                );
+                if tx.send(sse(&c)).is_err() {
+                    return;
+                }
+            }
+            if let Some(finish) = update.finish {
+                check_output(&served, &spec, &texts[index], &finish);
+                open -= 1;
+                let c = chunk(
+                    json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason(&finish)}]),
+                    None,
+                );
+                if tx.send(sse(&c)).is_err() {
+                    return;
+                }
+            }
+        }
+        if resolved.include_usage {
+            let c = chunk(json!([]), Some(usage(prompt_tokens, completion_tokens)));
+            let _ = tx.send(sse(&c));
+        }
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+    });
+    Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// The prompts of a completions request: a string, strings, token ids, or lists of ids.
+fn completion_prompts(served: &Served, prompt: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
+    let tokenizer = &served.worker.tokenizer;
+    let encode = |text: &str| tokenizer.encode(text).map_err(|e| ApiError::internal(format!("{e:#}")));
+    let ids = |items: &[Value]| -> Option<Vec<u32>> {
+        items.iter().map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
+    };
+    let invalid = || ApiError::invalid("prompt", "`prompt` must be a string, an array of strings, or token ids");
+    let prompts = match prompt {
+        Value::String(s) => vec![encode(s)?],
+        Value::Array(items) if items.is_empty() => return Err(ApiError::invalid("prompt", "`prompt` is empty")),
+        Value::Array(items) if items.iter().all(Value::is_string) => {
+            items.iter().map(|v| encode(v.as_str().unwrap_or_default())).collect::<Result<_, _>>()?
+        }
+        Value::Array(items) if items.iter().all(Value::is_number) => vec![ids(items).ok_or_else(invalid)?],
+        Value::Array(items) if items.iter().all(Value::is_array) => {
+            items.iter().map(|v| v.as_array().and_then(|a| ids(a)).ok_or_else(invalid)).collect::<Result<_, _>>()?
+        }
+        _ => return Err(invalid()),
+    };
+    let vocab = served.worker.vocab_size as u32;
+    if prompts.iter().flatten().any(|&t| t >= vocab) {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("`prompt` holds a token id outside the vocabulary (size {vocab})"),
+        ));
+    }
+    Ok(prompts)
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match complete(state, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = body_bytes(&state, body)?;
+    let request: CompletionRequest = parse_body(&body)?;
+    let served = state.models.get(&request.model)?;
+    if request.echo {
+        return Err(ApiError::invalid("echo", "`echo` is not supported"));
+    }
+    if request.suffix.is_some() {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+    }
+    let resolved = request.sampling.resolve(request.logprobs, &served.entry.config.sampling)?;
+    let spec = constraint::from_request(&request.sampling)?;
+    let prompts = completion_prompts(&served, &request.prompt)?;
+    let id = request_id("cmpl");
+    tracing::info!(request_id = %id, model = %request.model, prompts = prompts.len(), n = resolved.n, stream = resolved.stream, "completion");
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum::<usize>() * 1;
+    let mut tickets = Vec::new();
+    for prompt in prompts {
+        let constraints = constraints(&state, &served, &spec, resolved.n).await?;
+        tickets.extend(submit(&served, prompt, &resolved, constraints).await?);
+    }
+    let created = unix_now();
+    let logprobs_of = |served: &Served, tokens: &[TokenOutput]| {
+        let table = served.worker.tokenizer.tokenizer.table();
+        let text = |id: u32| String::from_utf8_lossy(table.token_bytes(id)).into_owned();
+        json!({
+            "tokens": tokens.iter().map(|t| text(t.token)).collect::<Vec<_>>(),
+            "token_logprobs": tokens.iter().map(|t| t.logprob.unwrap_or(0.0)).collect::<Vec<_>>(),
+            "top_logprobs": tokens.iter().map(|t| {
+                let top: serde_json::Map<String, Value> = if t.forced { [(text(t.token), json!(0.0))].into_iter().collect() }
+                    else { t.top_logprobs.iter().map(|&(id, lp)| (text(id), json!(lp))).collect() };
+                Value::Object(top)
+            }).collect::<Vec<_>>(),
+        })
+    };
+    if resolved.stream {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let n = tickets.len();
+        let mut events = merge(tickets);
+        let model = request.model.clone();
+        tokio::spawn(async move {
+            let chunk = |choices: Value, usage: Option<Value>| {
+                let mut c = json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
+                if resolved.include_usage {
+                    c["usage"] = usage.unwrap_or(Value::Null);
+                }
+                c
+            };
+            let mut texts = vec![String::new(); n];
+            let mut completion_tokens = 0;
+            let mut open = n;
+            while open > 0 {
+                let Some((index, event)) = events.recv().await else { break };
+                let update = match event {
+                    Event::Update(u) => u,
+                    Event::Failed(message) => {
+                        let _ = tx.send(sse(&ApiError::internal(message).body()));
+                        return;
+                    }
+                };
+                completion_tokens += update.tokens.len();
+                texts[index].push_str(&update.text);
+                let logprobs = resolved.sampling.logprobs.map(|_| logprobs_of(&served, &update.tokens));
+                let finish = update.finish.as_ref().map(finish_reason);
+                if let Some(f) = &update.finish {
+                    check_output(&served, &spec, &texts[index], f);
+                    open -= 1;
+                }
+                let c = chunk(
+                    json!([{"index": index, "text": update.text, "logprobs": logprobs, "finish_reason": finish}]),
+                    None,
+                );
+                if tx.send(sse(&c)).is_err() {
+                    return;
+                }
+            }
+            if resolved.include_usage {
+                let _ = tx.send(sse(&chunk(json!([]), Some(usage(prompt_tokens, completion_tokens)))));
+            }
+            let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+        });
+        return Ok(Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()).into_response());
+    }
+    let mut choices = Vec::new();
+    let mut completion_tokens = 0;
+    for (index, ticket) in tickets.into_iter().enumerate() {
+        let out = collect(ticket).await?;
+        check_output(&served, &spec, &out.text, &out.finish);
+        completion_tokens += out.tokens.len();
+        let logprobs = resolved.sampling.logprobs.map(|_| logprobs_of(&served, &out.tokens));
+        choices.push(json!({"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": finish_reason(&out.finish)}));
+    }
+    Ok(axum::Json(json!({
+        "id": id, "object": "text_completion", "created": created, "model": request.model,
+        "choices": choices, "usage": usage(prompt_tokens, completion_tokens),
+    }))
+    .into_response())
+}

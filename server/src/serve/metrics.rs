@@ -1,0 +1,231 @@
+//! Prometheus metrics at `GET /metrics`.
+//!
+//! vLLM's names and labels (`model_name`, and `finished_reason` on request counts), so
+//! GPUStack and inference gateways that read vLLM's metrics read ours unchanged, plus
+//! `dspark_*` series for the constraint machinery.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Latency buckets in seconds (vLLM's TTFT buckets).
+const LATENCY_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+/// Buckets for per-call times (masks, compiles).
+const CALL_BUCKETS: &[f64] = &[1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0];
+
+/// A cumulative histogram.
+#[derive(Debug)]
+pub struct Histogram {
+    buckets: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(buckets: &'static [f64]) -> Self {
+        Self { buckets, counts: vec![0; buckets.len()], sum: 0.0, count: 0 }
+    }
+
+    /// Records one observation.
+    pub fn observe(&mut self, value: f64) {
+        for (bound, count) in self.buckets.iter().zip(&mut self.counts) {
+            if value <= *bound {
+                *count += 1;
+            }
+        }
+        self.sum += value;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        for (bound, count) in self.buckets.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {count}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
+/// An f64 gauge.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    /// Sets the value.
+    pub fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Ordering::Relaxed);
+    }
+    /// The value.
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// A counter.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    /// The value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The series of one served model.
+#[derive(Debug)]
+pub struct ModelMetrics {
+    /// Sequences running.
+    pub running: Gauge,
+    /// Sequences waiting.
+    pub waiting: Gauge,
+    /// KV-cache usage in [0, 1].
+    pub kv_cache_usage: Gauge,
+    /// Time to first token.
+    pub ttft: Mutex<Histogram>,
+    /// Time between tokens (per token, a chunk's tokens share its interval).
+    pub inter_token: Mutex<Histogram>,
+    /// Request latency.
+    pub e2e: Mutex<Histogram>,
+    /// Prompt tokens of finished requests.
+    pub prompt_tokens: Counter,
+    /// Completion tokens (sampled and forced) of finished requests.
+    pub generation_tokens: Counter,
+    /// Finished requests by reason.
+    pub finished: Mutex<BTreeMap<&'static str, u64>>,
+    /// Tokens appended by fast-forward without sampling.
+    pub forced_tokens: Counter,
+    /// Time per plugin mask call.
+    pub mask_seconds: Mutex<Histogram>,
+    /// Time per constraint compilation.
+    pub compile_seconds: Mutex<Histogram>,
+    /// Constrained answers that finished with `stop` but did not validate (must stay 0).
+    pub validation_failures: Counter,
+    /// Preempted sequences.
+    pub preemptions: Counter,
+}
+
+impl ModelMetrics {
+    fn new() -> Self {
+        Self {
+            running: Gauge::default(),
+            waiting: Gauge::default(),
+            kv_cache_usage: Gauge::default(),
+            ttft: Mutex::new(Histogram::new(LATENCY_BUCKETS)),
+            inter_token: Mutex::new(Histogram::new(LATENCY_BUCKETS)),
+            e2e: Mutex::new(Histogram::new(LATENCY_BUCKETS)),
+            prompt_tokens: Counter::default(),
+            generation_tokens: Counter::default(),
+            finished: Mutex::new(BTreeMap::new()),
+            forced_tokens: Counter::default(),
+            mask_seconds: Mutex::new(Histogram::new(CALL_BUCKETS)),
+            compile_seconds: Mutex::new(Histogram::new(CALL_BUCKETS)),
+            validation_failures: Counter::default(),
+            preemptions: Counter::default(),
+        }
+    }
+
+    /// Counts a finished request.
+    pub fn finish(&self, reason: &'static str) {
+        if let Ok(mut f) = self.finished.lock() {
+            *f.entry(reason).or_insert(0) += 1;
+        }
+    }
+}
+
+/// All series.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    models: Mutex<BTreeMap<String, Arc<ModelMetrics>>>,
+}
+
+/// Locks a mutex, recovering from a panicked holder (metrics must never take the server down).
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Metrics {
+    /// The series of `model`, created on first use.
+    pub fn model(&self, model: &str) -> Arc<ModelMetrics> {
+        lock(&self.models).entry(model.to_string()).or_insert_with(|| Arc::new(ModelMetrics::new())).clone()
+    }
+
+    /// Prometheus text format. `plugin_strikes` are (plugin, strikes) pairs.
+    pub fn render(&self, plugin_strikes: &[(String, u32)]) -> String {
+        let models = lock(&self.models);
+        let mut out = String::new();
+        let gauge = |out: &mut String, name: &str, help: &str, get: &dyn Fn(&ModelMetrics) -> f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (model, m) in models.iter() {
+                let _ = writeln!(out, "{name}{{model_name=\"{}\"}} {}", escape(model), get(m));
+            }
+        };
+        gauge(&mut out, "vllm:num_requests_running", "Requests in the running batch.", &|m| m.running.get());
+        gauge(&mut out, "vllm:num_requests_waiting", "Requests waiting to run.", &|m| m.waiting.get());
+        gauge(&mut out, "vllm:kv_cache_usage_perc", "KV-cache usage (1 is full).", &|m| m.kv_cache_usage.get());
+        let counter = |out: &mut String, name: &str, help: &str, get: &dyn Fn(&ModelMetrics) -> u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (model, m) in models.iter() {
+                let _ = writeln!(out, "{name}{{model_name=\"{}\"}} {}", escape(model), get(m));
+            }
+        };
+        counter(&mut out, "vllm:prompt_tokens_total", "Prompt tokens processed.", &|m| m.prompt_tokens.get());
+        counter(&mut out, "vllm:generation_tokens_total", "Generated tokens.", &|m| m.generation_tokens.get());
+        counter(&mut out, "vllm:num_preemptions_total", "Preempted sequences.", &|m| m.preemptions.get());
+        counter(&mut out, "dspark_fast_forward_tokens_total", "Tokens appended without sampling.", &|m| {
+            m.forced_tokens.get()
+        });
+        counter(
+            &mut out,
+            "dspark_validation_failures_total",
+            "Constrained answers finished with stop that did not validate.",
+            &|m| m.validation_failures.get(),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP vllm:request_success_total Finished requests.\n# TYPE vllm:request_success_total counter"
+        );
+        for (model, m) in models.iter() {
+            for (reason, n) in lock(&m.finished).iter() {
+                let _ = writeln!(
+                    out,
+                    "vllm:request_success_total{{model_name=\"{}\",finished_reason=\"{reason}\"}} {n}",
+                    escape(model)
+                );
+            }
+        }
+        let histogram = |out: &mut String, name: &str, help: &str, get: &dyn Fn(&ModelMetrics) -> &Mutex<Histogram>| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            for (model, m) in models.iter() {
+                lock(get(m)).render(out, name, &format!("model_name=\"{}\"", escape(model)));
+            }
+        };
+        histogram(&mut out, "vllm:time_to_first_token_seconds", "Time to first token.", &|m| &m.ttft);
+        histogram(&mut out, "vllm:inter_token_latency_seconds", "Time between output tokens.", &|m| &m.inter_token);
+        histogram(&mut out, "vllm:e2e_request_latency_seconds", "Request latency.", &|m| &m.e2e);
+        histogram(&mut out, "dspark_mask_compute_seconds", "Time per constraint mask.", &|m| &m.mask_seconds);
+        histogram(&mut out, "dspark_constraint_compile_seconds", "Time per constraint compilation.", &|m| {
+            &m.compile_seconds
+        });
+        let _ = writeln!(
+            out,
+            "# HELP dspark_plugin_strikes Traps and deadline overruns per plugin.\n# TYPE dspark_plugin_strikes gauge"
+        );
+        for (plugin, strikes) in plugin_strikes {
+            let _ = writeln!(out, "dspark_plugin_strikes{{plugin=\"{}\"}} {strikes}", escape(plugin));
+        }
+        out
+    }
+}
+
+fn escape(label: &str) -> String {
+    label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}

@@ -1,0 +1,223 @@
+//! The served model entries, their loading and hot reload.
+//!
+//! Each entry is `Loading`, `Ready` (a worker thread with its engine) or `Failed` (the load
+//! error, reported as 503). Applying a new list of entries (at start, and whenever the config
+//! file changes) keeps unchanged entries running, loads new and changed ones in the
+//! background, and drops removed ones. A changed entry answers 503 "model X is loading" until
+//! its new engine is ready; requests already running on the old engine finish there, since
+//! they hold the old worker until they end.
+//!
+//! Weights are shared by file: two entries naming the same GGUF (say one with `dspark: true`
+//! and one with `false`) hold one copy of the model in memory, each with its own KV cache.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use dspark_host::engine::{CpuBackend, Model, ModelTokenizer, load_model};
+use serde_json::{Value, json};
+
+use super::config::{ModelEntry, load_file};
+use super::constraint::Pools;
+use super::error::ApiError;
+use super::metrics::{Metrics, lock};
+use super::worker::Worker;
+
+/// A model and tokenizer loaded from one file.
+pub struct Weights {
+    /// The model.
+    pub model: Arc<Model<CpuBackend>>,
+    /// Its tokenizer.
+    pub tokenizer: Arc<ModelTokenizer>,
+}
+
+/// A ready entry.
+pub struct Served {
+    /// The entry as configured.
+    pub entry: ModelEntry,
+    /// Its engine.
+    pub worker: Worker,
+    /// Plugin instances for this model's tokenizer.
+    pub pools: Pools,
+    /// Unix time it became ready.
+    pub created: u64,
+    _weights: Arc<Weights>,
+}
+
+enum State {
+    Loading { generation: u64, entry: ModelEntry, previous: Option<Arc<Served>> },
+    Ready(Arc<Served>),
+    Failed { entry: ModelEntry, message: String },
+}
+
+/// All entries.
+pub struct Models {
+    entries: RwLock<BTreeMap<String, State>>,
+    weights: Mutex<HashMap<(PathBuf, SystemTime), Weak<Weights>>>,
+    metrics: Arc<Metrics>,
+    generation: Mutex<u64>,
+}
+
+impl Models {
+    /// No entries yet.
+    pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self {
+            entries: RwLock::new(BTreeMap::new()),
+            weights: Mutex::new(HashMap::new()),
+            metrics,
+            generation: Mutex::new(0),
+        })
+    }
+
+    /// The ready entry called `name`: 404 if there is none, 503 while it loads or after it
+    /// failed to load.
+    pub fn get(&self, name: &str) -> Result<Arc<Served>, ApiError> {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        match entries.get(name) {
+            None => Err(ApiError::model_not_found(name)),
+            Some(State::Ready(s)) => Ok(s.clone()),
+            Some(State::Loading { .. }) => Err(ApiError::loading(name)),
+            Some(State::Failed { message, .. }) => {
+                Err(ApiError::unavailable(format!("model {name} failed to load: {message}")))
+            }
+        }
+    }
+
+    /// Whether every entry is ready.
+    pub fn all_ready(&self) -> bool {
+        self.entries.read().unwrap_or_else(|e| e.into_inner()).values().all(|s| matches!(s, State::Ready(_)))
+    }
+
+    /// Entries for `/v1/models`.
+    pub fn list(&self) -> Vec<Value> {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries
+            .iter()
+            .map(|(name, state)| {
+                let (status, entry, created, max_len, error) = match state {
+                    State::Ready(s) => ("ready", &s.entry, s.created, Some(s.worker.max_model_len), None),
+                    State::Loading { entry, .. } => ("loading", entry, 0, None, None),
+                    State::Failed { entry, message } => ("failed", entry, 0, None, Some(message.clone())),
+                };
+                json!({
+                    "id": name, "object": "model", "created": created, "owned_by": "dspark", "root": entry.path.display().to_string(),
+                    "max_model_len": max_len,
+                    "dspark": {"status": status, "dspark": entry.config.dspark, "error": error},
+                })
+            })
+            .collect()
+    }
+
+    /// Makes `entries` the served set (see the module docs). Loads run on background threads;
+    /// `wait` blocks until they are done (used at start).
+    pub fn apply(self: &Arc<Self>, entries: Vec<ModelEntry>, wait: bool) {
+        let mut loads = Vec::new();
+        {
+            let mut current = self.entries.write().unwrap_or_else(|e| e.into_inner());
+            let names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
+            current.retain(|name, _| names.contains(name));
+            for entry in entries {
+                let unchanged = match current.get(&entry.name) {
+                    Some(State::Ready(s)) => s.entry == entry,
+                    Some(State::Loading { entry: e, .. }) => *e == entry,
+                    _ => false,
+                };
+                if unchanged {
+                    continue;
+                }
+                let generation = {
+                    let mut g = lock(&self.generation);
+                    *g += 1;
+                    *g
+                };
+                let previous = match current.remove(&entry.name) {
+                    Some(State::Ready(s)) => Some(s),
+                    _ => None,
+                };
+                tracing::info!(model = %entry.name, path = %entry.path.display(), dspark = entry.config.dspark, "loading model");
+                current.insert(entry.name.clone(), State::Loading { generation, entry: entry.clone(), previous });
+                let this = self.clone();
+                loads.push(std::thread::spawn(move || this.load(entry, generation)));
+            }
+        }
+        if wait {
+            for l in loads {
+                let _ = l.join();
+            }
+        }
+    }
+
+    fn load(&self, entry: ModelEntry, generation: u64) {
+        let result = self.build(&entry);
+        let mut current = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        match current.get(&entry.name) {
+            Some(State::Loading { generation: g, .. }) if *g == generation => {}
+            _ => return, // superseded by a newer edit
+        }
+        let state = match result {
+            Ok(served) => {
+                tracing::info!(model = %entry.name, "model ready");
+                State::Ready(Arc::new(served))
+            }
+            Err(e) => {
+                tracing::error!(model = %entry.name, "model failed to load: {e:#}");
+                State::Failed { entry: entry.clone(), message: format!("{e:#}") }
+            }
+        };
+        // The previous engine is dropped here; requests still using it hold their own handle.
+        current.insert(entry.name.clone(), state);
+    }
+
+    fn build(&self, entry: &ModelEntry) -> anyhow::Result<Served> {
+        let weights = self.weights(&entry.path)?;
+        let metrics = self.metrics.model(&entry.name);
+        let worker =
+            Worker::spawn(&entry.name, weights.model.clone(), weights.tokenizer.clone(), &entry.config, metrics)
+                .with_context(|| format!("cannot start the engine of `{}`", entry.name))?;
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Ok(Served { entry: entry.clone(), worker, pools: Pools::default(), created, _weights: weights })
+    }
+
+    /// The weights of `path`, shared with any entry that already loaded the same file.
+    fn weights(&self, path: &Path) -> anyhow::Result<Arc<Weights>> {
+        let canonical = path.canonicalize().with_context(|| format!("model file {} not found", path.display()))?;
+        let modified = std::fs::metadata(&canonical).and_then(|m| m.modified()).unwrap_or(UNIX_EPOCH);
+        let key = (canonical.clone(), modified);
+        if let Some(w) = lock(&self.weights).get(&key).and_then(Weak::upgrade) {
+            return Ok(w);
+        }
+        let (model, tokenizer) = load_model(CpuBackend::new(), &canonical)?;
+        let weights = Arc::new(Weights { model: Arc::new(model), tokenizer: Arc::new(tokenizer) });
+        let mut cache = lock(&self.weights);
+        cache.retain(|_, w| w.strong_count() > 0);
+        cache.insert(key, Arc::downgrade(&weights));
+        Ok(weights)
+    }
+
+    /// Watches `config` and applies its entries whenever it changes. A file that does not
+    /// parse is logged and ignored (the served entries stay as they are).
+    pub fn watch(self: &Arc<Self>, config: PathBuf, every: Duration) {
+        let this = Arc::downgrade(self);
+        let mut last = std::fs::read(&config).ok();
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                let Some(models) = this.upgrade() else { return };
+                let now = std::fs::read(&config).ok();
+                if now == last {
+                    continue;
+                }
+                last = now;
+                match load_file(&config) {
+                    Ok(entries) => {
+                        tracing::info!(config = %config.display(), "config changed: reloading changed entries");
+                        models.apply(entries, false);
+                    }
+                    Err(e) => tracing::error!(config = %config.display(), "config change ignored: {e:#}"),
+                }
+            }
+        });
+    }
+}
