@@ -5,6 +5,9 @@
 //! tokenizers fetched by `scripts/fetch-assets.sh` (both run by `scripts/test.sh`). A missing
 //! one fails the test with the command to run; nothing is skipped silently.
 
+pub mod http;
+pub mod server;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -15,26 +15,37 @@ use dspark_host::engine::sampler::MAX_TOP_LOGPROBS;
 
 use super::error::ApiError;
 
-/// Parses a JSON body into `T`; a type error names the field (`messages[0].role`).
-pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    match serde_path_to_error::deserialize::<_, T>(&mut de) {
-        Ok(v) => {
-            de.end().map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
-            Ok(v)
-        }
-        Err(e) => {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            if inner.is_syntax() || inner.is_eof() {
-                Err(ApiError::bad_request(format!("the request body is not valid JSON: {inner}")))
-            } else if path == "." || path.is_empty() {
-                Err(ApiError::bad_request(format!("invalid request body: {inner}")))
-            } else {
-                Err(ApiError::invalid(path.clone(), format!("`{path}`: {inner}")))
-            }
-        }
+/// Parses a JSON body; a malformed body is a 400 saying so.
+pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the request body must be a JSON object"));
     }
+    Ok(value)
+}
+
+/// Reads `T` from a parsed body; a missing field or a field of the wrong type names the field
+/// (`messages[0].role`).
+pub fn from_body<T: DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize::<_, T>(body).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = inner.to_string();
+        // A missing field is reported at the object that lacks it.
+        let missing = message.strip_prefix("missing field `").and_then(|m| m.split('`').next()).map(str::to_string);
+        match (missing, path.as_str()) {
+            (Some(field), "." | "") => ApiError::invalid(field.clone(), format!("`{field}` is required")),
+            (_, "." | "") => ApiError::bad_request(format!("invalid request body: {message}")),
+            _ => ApiError::invalid(path.clone(), format!("`{path}`: {message}")),
+        }
+    })
+}
+
+/// Parses a whole request of type `T` with its sampling fields.
+pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<(T, Sampling), ApiError> {
+    let value = parse_json(body)?;
+    Ok((from_body(&value)?, from_body(&value)?))
 }
 
 /// `stream_options`.
@@ -45,7 +56,8 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// Sampling fields shared by chat and completions.
+/// Sampling and structure fields shared by chat and completions (read from the same body as
+/// the endpoint's own fields).
 #[derive(Debug, Default, Deserialize)]
 pub struct Sampling {
     /// Most completion tokens (legacy name).
@@ -113,9 +125,6 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Value>>,
     /// Tool choice.
     pub tool_choice: Option<Value>,
-    /// Sampling and structure.
-    #[serde(flatten)]
-    pub sampling: Sampling,
 }
 
 /// `POST /v1/completions`.
@@ -132,9 +141,6 @@ pub struct CompletionRequest {
     pub echo: bool,
     /// Text after the completion (not supported).
     pub suffix: Option<String>,
-    /// Sampling and structure.
-    #[serde(flatten)]
-    pub sampling: Sampling,
 }
 
 /// Engine parameters resolved from a request.
@@ -260,22 +266,25 @@ mod tests {
         let err = parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "temperature": "hot"}"#).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("temperature"));
         assert_eq!(err.status.as_u16(), 400);
+        let err =
+            parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "stream_options": {"include_usage": 1}}"#)
+                .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("stream_options.include_usage"));
         let err = parse_body::<ChatRequest>(br#"{"model": "m"}"#).unwrap_err();
-        assert!(err.message.contains("messages"), "{}", err.message);
+        assert_eq!(err.param.as_deref(), Some("messages"));
+        assert_eq!(err.message, "`messages` is required");
         let err = parse_body::<ChatRequest>(b"{not json").unwrap_err();
         assert!(err.message.starts_with("the request body is not valid JSON"), "{}", err.message);
     }
 
     #[test]
     fn ranges_are_checked() {
-        let req = parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "top_p": 1.5}"#).unwrap();
-        let err = req.sampling.resolve(None, &SamplingDefaults::default()).unwrap_err();
+        let (_, sampling) = parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "top_p": 1.5}"#).unwrap();
+        let err = sampling.resolve(None, &SamplingDefaults::default()).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("top_p"));
         assert_eq!(err.message, "`top_p` must be in (0, 1], got 1.5");
-        let req = parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "max_tokens": 0}"#).unwrap();
-        assert_eq!(
-            req.sampling.resolve(None, &SamplingDefaults::default()).unwrap_err().param.as_deref(),
-            Some("max_tokens")
-        );
+        let (_, sampling) = parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "max_tokens": 0}"#).unwrap();
+        let err = sampling.resolve(None, &SamplingDefaults::default()).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("max_tokens"));
     }
 }

@@ -345,10 +345,11 @@ impl SequenceConstraint for PluginConstraint {
 
     fn mask(&mut self) -> anyhow::Result<Option<Vec<u32>>> {
         let vocab = self.vocab;
+        let metrics = self.metrics.clone();
         let started = Instant::now();
         let (instance, matcher) = self.parts()?;
         let mask = instance.compute_mask(matcher)?;
-        lock(&self.metrics.mask_seconds).observe(started.elapsed().as_secs_f64());
+        lock(&metrics.mask_seconds).observe(started.elapsed().as_secs_f64());
         Ok(match mask {
             TokenMask::All => None,
             other => Some(other.to_bitset(vocab.max(instance.vocab_size()))),

@@ -277,11 +277,24 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
 
 async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
-    let request: ChatRequest = parse_body(&body)?;
+    let (request, sampling): (ChatRequest, _) = parse_body(&body)?;
     let served = state.models.get(&request.model)?;
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
-    let resolved = request.sampling.resolve(logprobs, &served.entry.config.sampling)?;
-    let spec = constraint::from_request(&request.sampling)?;
+    let resolved = sampling.resolve(logprobs, &served.entry.config.sampling)?;
+    let spec = constraint::from_request(&sampling)?;
+    match request.tool_choice.as_ref().map(|c| c.as_str().map(str::to_string).ok_or(())) {
+        None | Some(Ok(_)) if request.tools.is_none() && request.tool_choice.is_some() => {
+            return Err(ApiError::invalid("tool_choice", "`tool_choice` needs `tools`"));
+        }
+        None => {}
+        Some(Ok(choice)) if choice == "none" || choice == "auto" => {}
+        _ => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "`tool_choice` `required` and named functions need the tool-call plugin, which this server does not have yet; use `auto` or `none`",
+            ));
+        }
+    }
     let prompt = chat_prompt(&served, &request)?;
     let id = request_id("chatcmpl");
     tracing::info!(request_id = %id, model = %request.model, prompt_tokens = prompt.len(), n = resolved.n, stream = resolved.stream, constraint = ?spec.as_ref().map(|s| &s.kind), "chat completion");
@@ -301,7 +314,7 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
         let logprobs = resolved.sampling.logprobs.map(|_| json!({"content": token_logprobs(&served, &out.tokens)}));
         choices.push(json!({
             "index": index,
-            "message": {"role": "assistant", "content": out.text, "tool_calls": []},
+            "message": {"role": "assistant", "content": out.text},
             "logprobs": logprobs,
             "finish_reason": finish_reason(&out.finish),
         }));
@@ -451,7 +464,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes,
 
 async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
-    let request: CompletionRequest = parse_body(&body)?;
+    let (request, sampling): (CompletionRequest, _) = parse_body(&body)?;
     let served = state.models.get(&request.model)?;
     if request.echo {
         return Err(ApiError::invalid("echo", "`echo` is not supported"));
@@ -459,12 +472,12 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
     if request.suffix.is_some() {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
-    let resolved = request.sampling.resolve(request.logprobs, &served.entry.config.sampling)?;
-    let spec = constraint::from_request(&request.sampling)?;
+    let resolved = sampling.resolve(request.logprobs, &served.entry.config.sampling)?;
+    let spec = constraint::from_request(&sampling)?;
     let prompts = completion_prompts(&served, &request.prompt)?;
     let id = request_id("cmpl");
     tracing::info!(request_id = %id, model = %request.model, prompts = prompts.len(), n = resolved.n, stream = resolved.stream, "completion");
-    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum::<usize>() * 1;
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let mut tickets = Vec::new();
     for prompt in prompts {
         let constraints = constraints(&state, &served, &spec, resolved.n).await?;

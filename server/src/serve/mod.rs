@@ -115,7 +115,9 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
     for (name, error) in &report.failed {
         tracing::warn!(plugin = %name, "plugin not loaded: {error}");
     }
-    let _registry_watch = registry.watch(Duration::from_secs(1));
+    let _registry_watch = registry.watch(Duration::from_secs(1), |report| {
+        tracing::info!(added = ?report.added, replaced = ?report.replaced, removed = ?report.removed, failed = ?report.failed, "plugin registry changed");
+    })?;
     let metrics = Arc::new(Metrics::default());
     let models = Models::new(metrics.clone());
     let mut entries = options.entries.clone();

@@ -47,7 +47,7 @@ pub struct Served {
 }
 
 enum State {
-    Loading { generation: u64, entry: ModelEntry, previous: Option<Arc<Served>> },
+    Loading { generation: u64, entry: ModelEntry },
     Ready(Arc<Served>),
     Failed { entry: ModelEntry, message: String },
 }
@@ -132,12 +132,10 @@ impl Models {
                     *g += 1;
                     *g
                 };
-                let previous = match current.remove(&entry.name) {
-                    Some(State::Ready(s)) => Some(s),
-                    _ => None,
-                };
                 tracing::info!(model = %entry.name, path = %entry.path.display(), dspark = entry.config.dspark, "loading model");
-                current.insert(entry.name.clone(), State::Loading { generation, entry: entry.clone(), previous });
+                // The old engine is dropped with its entry; requests running on it hold their own
+                // handle and finish there.
+                current.insert(entry.name.clone(), State::Loading { generation, entry: entry.clone() });
                 let this = self.clone();
                 loads.push(std::thread::spawn(move || this.load(entry, generation)));
             }

@@ -158,6 +158,7 @@ fn run(mut engine: LlmEngine<CpuBackend>, rx: std::sync::mpsc::Receiver<Submissi
             metrics.finish("abort");
         }
         if !engine.has_work() {
+            report(&engine, &metrics, &mut seen);
             continue;
         }
         match engine.step() {
@@ -175,15 +176,20 @@ fn run(mut engine: LlmEngine<CpuBackend>, rx: std::sync::mpsc::Receiver<Submissi
                 }
             }
         }
-        let stats = engine.stats();
-        metrics.forced_tokens.add(stats.forced_tokens - seen.forced_tokens);
-        metrics.preemptions.add(stats.preemptions - seen.preemptions);
-        seen = stats;
-        let scheduler = engine.scheduler();
-        metrics.running.set(scheduler.num_running() as f64);
-        metrics.waiting.set(scheduler.num_waiting() as f64);
-        metrics.kv_cache_usage.set(scheduler.cache_usage());
+        report(&engine, &metrics, &mut seen);
     }
+}
+
+/// Publishes the engine's gauges and counter increments.
+fn report(engine: &LlmEngine<CpuBackend>, metrics: &ModelMetrics, seen: &mut EngineStats) {
+    let stats = engine.stats();
+    metrics.forced_tokens.add(stats.forced_tokens - seen.forced_tokens);
+    metrics.preemptions.add(stats.preemptions - seen.preemptions);
+    *seen = stats;
+    let scheduler = engine.scheduler();
+    metrics.running.set(scheduler.num_running() as f64);
+    metrics.waiting.set(scheduler.num_waiting() as f64);
+    metrics.kv_cache_usage.set(scheduler.cache_usage());
 }
 
 fn admit(engine: &mut LlmEngine<CpuBackend>, clients: &mut HashMap<u64, Client>, s: Submission) {

@@ -1,0 +1,325 @@
+//! `dspark serve` end to end: the real binary on the real SmolLM2 model with the real plugins,
+//! over HTTP.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use dspark_tests::http::{self, get, post_json};
+use dspark_tests::server::Server;
+use dspark_tests::{qwen25, smollm2};
+use serde_json::{Value, json};
+
+const MODEL: &str = "smol";
+
+fn start(extra: &[&str]) -> Server {
+    let model = smollm2();
+    let mut args = vec!["--model", model.to_str().unwrap(), "--served-model-name", MODEL];
+    args.extend_from_slice(extra);
+    Server::start(Path::new(env!("CARGO_BIN_EXE_dspark")), &args)
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Describe a person."}], "temperature": 0, "max_tokens": 120});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+fn content(response: &Value) -> &str {
+    response["choices"][0]["message"]["content"].as_str().unwrap()
+}
+
+fn assert_error(response: &http::Response, status: u16, param: Option<&str>, message_part: &str) {
+    assert_eq!(response.status, status, "{}", response.body);
+    let body = response.json();
+    let error = &body["error"];
+    assert!(error["message"].as_str().unwrap().contains(message_part), "{} lacks {message_part:?}", error["message"]);
+    assert!(error["type"].is_string());
+    assert_eq!(error["param"].as_str(), param, "{body}");
+}
+
+#[test]
+fn structured_outputs_validate_and_stream() {
+    let server = start(&[]);
+    let addr = server.addr;
+
+    let schema = json!({
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"],
+        "additionalProperties": false,
+    });
+    let format = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": true}});
+    let r = post_json(addr, "/v1/chat/completions", &chat(json!({"response_format": format}))).json();
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    let person: Value = serde_json::from_str(content(&r)).unwrap();
+    assert!(jsonschema::is_valid(&schema, &person), "{person} does not validate");
+    assert_eq!(
+        r["usage"]["total_tokens"],
+        r["usage"]["prompt_tokens"].as_u64().unwrap() + r["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+
+    let r = post_json(addr, "/v1/chat/completions", &chat(json!({"response_format": {"type": "json_object"}}))).json();
+    if r["choices"][0]["finish_reason"] == "stop" {
+        assert!(serde_json::from_str::<Value>(content(&r)).unwrap().is_object());
+    } else {
+        assert_eq!(r["choices"][0]["finish_reason"], "length");
+    }
+
+    let r =
+        post_json(addr, "/v1/chat/completions", &chat(json!({"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"}})))
+            .json();
+    let text = content(&r);
+    assert!(
+        text.len() == 8 && text.as_bytes()[3] == b'-' && text.chars().filter(char::is_ascii_digit).count() == 7,
+        "{text}"
+    );
+
+    for field in [json!({"structured_outputs": {"choice": ["yes", "no"]}}), json!({"guided_choice": ["yes", "no"]})] {
+        let r = post_json(addr, "/v1/chat/completions", &chat(field)).json();
+        assert!(["yes", "no"].contains(&content(&r)), "{r}");
+        assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    }
+
+    // Streaming with usage: the deltas add up to the text; the usage chunk comes before [DONE].
+    let body = chat(
+        json!({"stream": true, "stream_options": {"include_usage": true}, "max_tokens": 24, "response_format": format}),
+    );
+    let response = http::send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(response.status, 200);
+    assert!(response.header("content-type").unwrap().starts_with("text/event-stream"));
+    let events = response.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let finish = chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str()).unwrap();
+    let completion_tokens = usage["usage"]["completion_tokens"].as_u64().unwrap();
+    match finish {
+        "stop" => assert!(jsonschema::is_valid(&schema, &serde_json::from_str(&text).unwrap()), "{text}"),
+        "length" => assert_eq!(completion_tokens, 24),
+        other => panic!("finish_reason {other}"),
+    }
+    assert!(completion_tokens > 0 && completion_tokens <= 24);
+    assert!(text.starts_with('{'), "{text}");
+
+    // Log-probabilities: one entry per completion token, alternatives best first.
+    let r =
+        post_json(addr, "/v1/chat/completions", &chat(json!({"logprobs": true, "top_logprobs": 3, "max_tokens": 6})))
+            .json();
+    let entries = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(entries.len(), 6);
+    for e in entries {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!(top[0]["token"], e["token"], "greedy picks the best alternative");
+        assert!(top[0]["logprob"].as_f64().unwrap() >= top[1]["logprob"].as_f64().unwrap());
+    }
+
+    // Completions, n > 1 with a seed, and /v1/models, /v1/plugins, /health.
+    let r = post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8, "n": 2, "seed": 3}),
+    )
+    .json();
+    assert_eq!(r["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(r["usage"]["completion_tokens"], 16);
+    assert_eq!(get(addr, "/v1/models").json()["data"][0]["id"], MODEL);
+    let plugins = get(addr, "/v1/plugins").json();
+    assert!(plugins["data"].as_array().unwrap().iter().any(|p| p["name"] == "json-schema"));
+    assert_eq!(get(addr, "/health").status, 200);
+    let metrics = get(addr, "/metrics").body;
+    assert!(
+        metrics.contains(&format!("vllm:request_success_total{{model_name=\"{MODEL}\",finished_reason=\"stop\"}}")),
+        "{metrics}"
+    );
+    assert!(metrics.contains(&format!("dspark_validation_failures_total{{model_name=\"{MODEL}\"}} 0")));
+}
+
+#[test]
+fn errors_use_the_openai_shape_and_status() {
+    let server = start(&["--max-model-len", "64", "--api-key", "sesame", "--max-body-bytes", "4096"]);
+    let addr = server.addr;
+    let auth = [("content-type", "application/json"), ("authorization", "Bearer sesame")];
+    let post = |body: &str| http::send(addr, "POST", "/v1/chat/completions", &auth, body.as_bytes());
+
+    let r = http::send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        chat(json!({})).to_string().as_bytes(),
+    );
+    assert_error(&r, 401, None, "API key");
+    let r = http::send(addr, "POST", "/v1/chat/completions", &[("authorization", "Bearer wrong")], b"{}");
+    assert_error(&r, 401, None, "Incorrect API key");
+    assert_eq!(get(addr, "/health").status, 200, "health needs no key");
+
+    let mut unknown = chat(json!({}));
+    unknown["model"] = json!("gpt-9");
+    let r = post(&unknown.to_string());
+    assert_error(&r, 404, Some("model"), "gpt-9");
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+
+    assert_error(&post("{\"model\": "), 400, None, "not valid JSON");
+    assert_error(&post(&chat(json!({"temperature": "hot"})).to_string()), 400, Some("temperature"), "temperature");
+    assert_error(
+        &post(&chat(json!({"messages": [{"role": "wizard", "content": "x"}]})).to_string()),
+        400,
+        Some("messages[0].role"),
+        "wizard",
+    );
+    assert_error(&post(&chat(json!({"top_p": 2.0})).to_string()), 400, Some("top_p"), "top_p");
+    let bad_schema = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strnig"}}}}}});
+    let r = post(&chat(bad_schema).to_string());
+    assert_error(&r, 400, Some("response_format.json_schema.schema"), "strnig");
+    let r = post(&chat(json!({"structured_outputs": {"regex": "(unclosed"}})).to_string());
+    assert_error(&r, 400, Some("structured_outputs.regex"), "regex");
+    let r = post(&chat(json!({"structured_outputs": {"regex": "a"}, "guided_choice": ["b"]})).to_string());
+    assert_error(&r, 400, Some("guided_choice"), "only one output constraint");
+
+    let long = "word ".repeat(80);
+    let r = post(&chat(json!({"messages": [{"role": "user", "content": long}]})).to_string());
+    assert_error(&r, 400, Some("messages"), "maximum context length is 64 tokens");
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("the prompt has"));
+
+    let huge = chat(json!({"messages": [{"role": "user", "content": "x".repeat(5000)}]}));
+    assert_error(&post(&huge.to_string()), 413, None, "4096 bytes");
+}
+
+fn metric(addr: std::net::SocketAddr, line_start: &str) -> f64 {
+    let body = get(addr, "/metrics").body;
+    body.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_client_that_disconnects_frees_its_sequence() {
+    let server = start(&[]);
+    let addr = server.addr;
+    let body = chat(json!({"stream": true, "max_tokens": 400, "ignore_eos": true}));
+    let mut stream = http::open(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    {
+        let mut reader = BufReader::new(&mut stream);
+        let (status, _) = http::read_head(&mut reader);
+        assert_eq!(status, 200);
+        let mut seen = 0;
+        let mut line = String::new();
+        while seen < 3 {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            if line.contains("\"content\"") {
+                seen += 1;
+            }
+        }
+    }
+    assert!(metric(addr, "vllm:num_requests_running{") >= 1.0);
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let aborted =
+            metric(addr, &format!("vllm:request_success_total{{model_name=\"{MODEL}\",finished_reason=\"abort\"}}"));
+        if aborted == 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the disconnected request was not cancelled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(metric(addr, "vllm:num_requests_running{"), 0.0);
+    assert_eq!(metric(addr, "vllm:kv_cache_usage_perc{"), 0.0);
+}
+
+#[test]
+fn config_edits_reload_models_while_requests_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("models.yaml");
+    let smol = smollm2();
+    let entry = |name: &str, path: &Path, extra: &str| {
+        format!(
+            "apiVersion: gpustack.gg/v1alpha1\nkind: Model\nmetadata:\n  name: {name}\nspec:\n  source: file:{}\n  engine: dspark\n  replicas: 1\n  config:\n    dspark: true\n    max_num_seqs: 4\n    max_queue: 2\n{extra}",
+            path.display()
+        )
+    };
+    std::fs::write(&config, entry("a", &smol, "")).unwrap();
+    let server = Server::start(Path::new(env!("CARGO_BIN_EXE_dspark")), &["--config", config.to_str().unwrap()]);
+    let addr = server.addr;
+    let ask = |model: &str, max_tokens: u64| {
+        let body =
+            json!({"model": model, "prompt": "Count:", "max_tokens": max_tokens, "ignore_eos": true, "temperature": 0});
+        post_json(addr, "/v1/completions", &body)
+    };
+    assert_eq!(ask("a", 2).status, 200);
+
+    // A long request runs on the old engine while the entry reloads.
+    let long = std::thread::spawn(move || {
+        let body = json!({"model": "a", "prompt": "Count:", "max_tokens": 150, "ignore_eos": true});
+        post_json(addr, "/v1/completions", &body)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // Queue limit: max_queue 2 -> a third concurrent request gets 429.
+    let second = std::thread::spawn(move || {
+        let body = json!({"model": "a", "prompt": "Count:", "max_tokens": 100, "ignore_eos": true});
+        post_json(addr, "/v1/completions", &body)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let third = ask("a", 4);
+    assert_error(&third, 429, None, "already queued");
+    assert!(third.header("retry-after").is_some());
+
+    // Edit: `a` changes (reloads, sharing the loaded weights), `b` (another file) appears.
+    let qwen = qwen25();
+    let text = format!("{}\n---\n{}", entry("a", &smol, "    max_model_len: 1024\n"), entry("b", &qwen, ""));
+    std::fs::write(&config, text).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut saw_loading = false;
+    loop {
+        let r = ask("b", 2);
+        match r.status {
+            200 => break,
+            503 => {
+                assert_error(&r, 503, None, "model b is loading");
+                assert!(r.header("retry-after").is_some());
+                saw_loading = true;
+            }
+            404 => {} // the watcher has not seen the edit yet
+            other => panic!("unexpected {other}: {}", r.body),
+        }
+        assert!(Instant::now() < deadline, "model b never became ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(saw_loading, "a 491 MB model should be seen loading");
+    let long = long.join().unwrap().json();
+    assert_eq!(long["choices"][0]["finish_reason"], "length", "the in-flight request finished: {long}");
+    assert_eq!(long["usage"]["completion_tokens"], 150);
+    assert_eq!(second.join().unwrap().status, 200);
+    let models = get(addr, "/v1/models").json();
+    let a = models["data"].as_array().unwrap().iter().find(|m| m["id"] == "a").unwrap().clone();
+    assert_eq!(a["max_model_len"], 1024, "{models}");
+
+    // Removing an entry makes it unknown.
+    std::fs::write(&config, entry("a", &smol, "    max_model_len: 1024\n")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ask("b", 1).status != 404 {
+        assert!(Instant::now() < deadline, "model b was not removed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,64 @@
+//! Starts the real `dspark serve` for a test and stops it when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::repo_root;
+
+/// A running server.
+pub struct Server {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    _state: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts `binary serve ARGS --port 0` with the built plugins and waits until it listens.
+    pub fn start(binary: &Path, args: &[&str]) -> Self {
+        crate::builtin_plugin("json-schema");
+        let state = tempfile::tempdir().expect("state dir");
+        let mut child = Command::new(binary)
+            .current_dir(repo_root())
+            .arg("serve")
+            .args(args)
+            .args(["--port", "0", "--plugins-dir"])
+            .arg(repo_root().join("plugins"))
+            .arg("--state-dir")
+            .arg(state.path())
+            .env("DSPARK_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start dspark serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(addr.trim().to_string());
+                }
+                eprintln!("[server] {line}");
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(a) => a.parse().expect("listen address"),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("dspark serve did not start listening within 120 s (see [server] lines)");
+            }
+        };
+        Self { child, addr, _state: state }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
