@@ -234,7 +234,7 @@ impl Backend for CpuBackend {
     fn rope(&self, x: &mut CpuTensor, positions: &[u32], table: &RopeTable) -> anyhow::Result<()> {
         let head_dim = table.head_dim;
         let half = head_dim / 2;
-        if positions.len() != x.rows || x.cols % head_dim != 0 {
+        if positions.len() != x.rows || !x.cols.is_multiple_of(head_dim) {
             bail!("rope: {} positions for {} rows of {} columns", positions.len(), x.rows, x.cols);
         }
         let cols = x.cols;
@@ -311,15 +311,14 @@ impl Backend for CpuBackend {
         if q.cols != heads.heads * head_dim || q.rows != batch.len() || layer >= shape.layers {
             bail!("attention: query shape {}x{} does not match the batch", q.rows, q.cols);
         }
-        if heads.kv_heads == 0 || heads.heads % heads.kv_heads != 0 || shape.head_dim != head_dim {
+        if heads.kv_heads == 0 || !heads.heads.is_multiple_of(heads.kv_heads) || shape.head_dim != head_dim {
             bail!("attention: {} heads cannot share {} kv heads", heads.heads, heads.kv_heads);
         }
         // Which sequence each row belongs to; every position must be covered by its table.
         let mut row_seq = vec![0usize; q.rows];
         for (s, seq) in batch.seqs.iter().enumerate() {
-            for row in seq.start..seq.start + seq.len {
-                let position = batch.positions[row] as usize;
-                if position >= seq.block_table.len() * shape.block_size {
+            for (row, &position) in batch.positions.iter().enumerate().skip(seq.start).take(seq.len) {
+                if position as usize >= seq.block_table.len() * shape.block_size {
                     bail!("attention: position {position} is beyond the sequence's blocks");
                 }
                 row_seq[row] = s;
@@ -390,7 +389,7 @@ fn attend<T: KvElement>(
             let mut max = f32::NEG_INFINITY;
             // Every row is computed as if it were decoded alone: the same numbers whether it
             // comes in a prefill chunk, a fast-forward chunk or a decode step.
-            let dot = if position + 1 <= HORIZONTAL_MAX_KEYS { horizontal_dot } else { lane_dot };
+            let dot = if position < HORIZONTAL_MAX_KEYS { horizontal_dot } else { lane_dot };
             for j in 0..=position {
                 T::load(&keys[offset(j)..][..head_dim], buffer);
                 let score = dot(query, buffer) * scale;

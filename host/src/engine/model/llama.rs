@@ -86,7 +86,10 @@ pub struct Llama<B: Backend> {
 impl<B: Backend> Llama<B> {
     /// Loads the weights described by `config` from `file`.
     pub fn load(backend: B, file: &mut GgufFile, config: DecoderConfig, max_positions: usize) -> anyhow::Result<Self> {
-        if config.heads == 0 || config.kv_heads == 0 || config.heads % config.kv_heads != 0 || config.head_dim % 2 != 0
+        if config.heads == 0
+            || config.kv_heads == 0
+            || !config.heads.is_multiple_of(config.kv_heads)
+            || !config.head_dim.is_multiple_of(2)
         {
             bail!(
                 "{}: unsupported attention geometry ({} heads, {} kv heads, head_dim {})",
