@@ -5,7 +5,7 @@
 # are cached outside the clone (DSPARK_CACHE, default /var/cache/dspark/downloads) so a fresh
 # clone on the same machine does not download again.
 #
-# Usage: scripts/fetch-assets.sh [--models-only|--tokenizers-only]
+# Usage: scripts/fetch-assets.sh [--models-only|--tokenizers-only|--default-model]
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -14,12 +14,14 @@ cache="${DSPARK_CACHE:-/var/cache/dspark}/downloads"
 mkdir -p "$assets" "$cache" 2>/dev/null || { cache="$HOME/.cache/dspark/downloads"; mkdir -p "$assets" "$cache"; }
 
 want_models=1
+want_qwen=1
 want_tokenizers=1
 case "${1:-}" in
   --models-only) want_tokenizers=0 ;;
   --tokenizers-only) want_models=0 ;;
+  --default-model) want_tokenizers=0; want_qwen=0 ;;
   "") ;;
-  *) echo "usage: $0 [--models-only|--tokenizers-only]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--models-only|--tokenizers-only|--default-model]" >&2; exit 2 ;;
 esac
 
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }
@@ -80,6 +82,9 @@ if [ "$want_models" = 1 ]; then
       SmolLM2-135M-Instruct.Q4_1.gguf "$smol_sha"
   fi
 
+fi
+
+if [ "$want_models" = 1 ] && [ "$want_qwen" = 1 ]; then
   qwen_sha=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
   dest="$assets/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
   if [ -f "$dest" ] && [ "$(sha_of "$dest")" = "$qwen_sha" ]; then

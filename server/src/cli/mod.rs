@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch.
 
 mod constraint;
+mod engine_bench;
 mod generate;
 mod maskbench;
 mod plugins;
@@ -29,6 +30,9 @@ enum Command {
     /// Exercise constraints without a model.
     #[command(subcommand)]
     Constraint(constraint::ConstraintCommand),
+    /// Measure the engine: decode and prefill speed against the memory-bandwidth floor, chunks,
+    /// peak memory.
+    EngineBench(engine_bench::EngineBenchArgs),
     /// Serve models over the OpenAI API.
     Serve(serve::ServeArgs),
     /// Generate text from a prompt with a GGUF model (prints prompt and decode timings).
@@ -60,6 +64,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plugins(c) => plugins::run(c),
         Command::Constraint(c) => constraint::run(c),
+        Command::EngineBench(a) => engine_bench::run(a).map(|()| ExitCode::SUCCESS),
         Command::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
         Command::Generate(a) => generate::run(a).map(|()| ExitCode::SUCCESS),
     }
