@@ -77,6 +77,17 @@ fn structured_outputs_validate_and_stream() {
         "{text}"
     );
 
+    // dspark's extension: any installed plugin by name, kind and source.
+    let plugin =
+        json!({"response_format": {"type": "plugin", "plugin": "regex", "kind": "regex", "source": "(ab|cd){2}!"}});
+    let r = post_json(addr, "/v1/chat/completions", &chat(plugin)).json();
+    let text = content(&r);
+    assert!(["abab!", "abcd!", "cdab!", "cdcd!"].contains(&text), "{text}");
+    let unknown = json!({"response_format": {"type": "plugin", "plugin": "nope", "kind": "x"}});
+    let r = post_json(addr, "/v1/chat/completions", &chat(unknown));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "response_format.plugin");
+
     for field in [json!({"structured_outputs": {"choice": ["yes", "no"]}}), json!({"guided_choice": ["yes", "no"]})] {
         let r = post_json(addr, "/v1/chat/completions", &chat(field)).json();
         assert!(["yes", "no"].contains(&content(&r)), "{r}");

@@ -171,8 +171,16 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// 16 sequences grown to 2,048 tokens through the full engine.
-fn rss_run(model: Arc<Model<CpuBackend>>, tokenizer: Arc<dspark_host::engine::ModelTokenizer>) -> anyhow::Result<(u64, f64)> {
-    let config = EngineConfig { max_num_seqs: 16, max_model_len: Some(2048), max_num_batched_tokens: 2048, ..EngineConfig::default() };
+fn rss_run(
+    model: Arc<Model<CpuBackend>>,
+    tokenizer: Arc<dspark_host::engine::ModelTokenizer>,
+) -> anyhow::Result<(u64, f64)> {
+    let config = EngineConfig {
+        max_num_seqs: 16,
+        max_model_len: Some(2048),
+        max_num_batched_tokens: 2048,
+        ..EngineConfig::default()
+    };
     let vocab = model.config().vocab_size;
     let mut engine = LlmEngine::new(model, tokenizer, &config)?;
     for s in 0..16 {
@@ -246,7 +254,12 @@ pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
     println!("batch 1 vs floor      {:.2}x", decode[0].1 / floor);
     println!("batch 16 vs batch 1   {:.2}x tokens/s", (16.0 / decode[2].1) / b1);
     println!("prefill               {:.0} tokens/s ({} tokens)", args.prefill as f64 / prefill, args.prefill);
-    println!("16-token chunk        {:.2} ms = {:.2}x one decode step (16 steps: {:.2} ms)", chunk * 1e3, chunk / single_step, singles * 1e3);
+    println!(
+        "16-token chunk        {:.2} ms = {:.2}x one decode step (16 steps: {:.2} ms)",
+        chunk * 1e3,
+        chunk / single_step,
+        singles * 1e3
+    );
     if let Some((bytes, secs)) = rss {
         println!("peak RSS 16 x 2048    {:.0} MB (run {:.1} s)", bytes as f64 / 1e6, secs);
     }

@@ -319,6 +319,7 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
             "finish_reason": finish_reason(&out.finish),
         }));
     }
+    tracing::info!(request_id = %id, completion_tokens, finish = ?choices.iter().map(|c| c["finish_reason"].clone()).collect::<Vec<_>>(), "chat completion done");
     Ok(axum::Json(json!({
         "id": id, "object": "chat.completion", "created": created, "model": request.model,
         "choices": choices, "usage": usage(prompt_tokens, completion_tokens),
@@ -554,6 +555,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         let logprobs = resolved.sampling.logprobs.map(|_| logprobs_of(&served, &out.tokens));
         choices.push(json!({"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": finish_reason(&out.finish)}));
     }
+    tracing::info!(request_id = %id, completion_tokens, "completion done");
     Ok(axum::Json(json!({
         "id": id, "object": "text_completion", "created": created, "model": request.model,
         "choices": choices, "usage": usage(prompt_tokens, completion_tokens),

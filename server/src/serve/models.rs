@@ -219,3 +219,20 @@ impl Models {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_naming_the_same_file_share_its_weights() {
+        let models = Models::new(Arc::new(Metrics::default()));
+        let path = dspark_tests::smollm2();
+        let a = models.weights(&path).unwrap();
+        let b = models.weights(&path).unwrap();
+        assert!(Arc::ptr_eq(&a.model, &b.model), "a second entry must not load the weights again");
+        drop((a, b));
+        // Once no entry uses them, the weights are freed and a later load reads the file again.
+        assert!(lock(&models.weights).values().all(|w| w.strong_count() == 0));
+    }
+}

@@ -218,7 +218,9 @@ impl Backend for CpuBackend {
             let m = rows.len() / x.cols;
             let input = Tensor::from_slice(rows, (m, x.cols), &Device::Cpu).map_err(candle)?;
             let product = match self.dense_min_rows {
-                Some(min) if m >= min && !self.batch_invariant && weight.tensor.shape().elem_count() <= DENSE_MAX_PARAMS => {
+                Some(min)
+                    if m >= min && !self.batch_invariant && weight.tensor.shape().elem_count() <= DENSE_MAX_PARAMS =>
+                {
                     let dense = match weight.dense.get() {
                         Some(d) => d,
                         None => {
