@@ -56,6 +56,10 @@ fn structured_outputs_validate_and_stream() {
     assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
     let person: Value = serde_json::from_str(content(&r)).unwrap();
     assert!(jsonschema::is_valid(&schema, &person), "{person} does not validate");
+    // Key names and punctuation were fast-forwarded (`dspark: true`, the default).
+    let forced = metric(addr, &format!("dspark_fast_forward_tokens_total{{model_name=\"{MODEL}\"}}"));
+    assert!(forced > 0.0, "no fast-forward tokens counted");
+    assert!(r["usage"]["completion_tokens"].as_f64().unwrap() > forced, "forced tokens are part of the completion");
     assert_eq!(
         r["usage"]["total_tokens"],
         r["usage"]["prompt_tokens"].as_u64().unwrap() + r["usage"]["completion_tokens"].as_u64().unwrap()
@@ -218,9 +222,18 @@ fn metric(addr: std::net::SocketAddr, line_start: &str) -> f64 {
 }
 
 #[test]
-fn a_client_that_disconnects_frees_its_sequence() {
-    let server = start(&[]);
+fn the_classic_path_and_a_client_that_disconnects() {
+    // `--no-dspark`: the same guarantees, every token sampled, nothing fast-forwarded.
+    let server = start(&["--no-dspark"]);
     let addr = server.addr;
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "n", "schema": schema}});
+    let r = post_json(addr, "/v1/chat/completions", &chat(json!({"response_format": format}))).json();
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    assert!(jsonschema::is_valid(&schema, &serde_json::from_str(content(&r)).unwrap()));
+    assert_eq!(metric(addr, &format!("dspark_fast_forward_tokens_total{{model_name=\"{MODEL}\"}}")), 0.0);
+    assert_eq!(get(addr, "/v1/models").json()["data"][0]["dspark"]["dspark"], false);
+
     let body = chat(json!({"stream": true, "max_tokens": 400, "ignore_eos": true}));
     let mut stream = http::open(
         addr,

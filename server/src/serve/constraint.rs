@@ -21,7 +21,7 @@
 //! takes one for its lifetime (a Wasm store runs one call at a time) and gives it back, with
 //! its compiled constraints cached by source, when it ends.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -309,16 +309,34 @@ pub fn build(
         }
         None => return Err(ApiError::internal("compiled constraint vanished")),
     };
-    Ok(PluginConstraint { pool, pooled: Some(pooled), matcher: Some(matcher), vocab: 0, metrics })
+    Ok(PluginConstraint {
+        pool,
+        pooled: Some(pooled),
+        matcher: Some(matcher),
+        vocab: 0,
+        metrics,
+        fast_forward: true,
+        pending: VecDeque::new(),
+        pending_stop: false,
+    })
 }
 
-/// A plugin matcher driving one sequence (the classic path: one plugin call per step).
+/// A plugin matcher driving one sequence: one plugin mask per sampled token.
+///
+/// With fast-forward (an entry's `dspark: true`), a forced span the plugin returns goes to the
+/// engine as a chunk appended without sampling. Without it (`dspark: false`, the classic path
+/// of other servers), the span's tokens are sampled one step each under a mask that allows
+/// only the next one; the plugin has already moved past them (the contract's semantics), so
+/// those masks are made here.
 pub struct PluginConstraint {
     pool: Arc<PluginPool>,
     pooled: Option<Pooled>,
     matcher: Option<MatcherHandle>,
     vocab: usize,
     metrics: Arc<ModelMetrics>,
+    fast_forward: bool,
+    pending: VecDeque<u32>,
+    pending_stop: bool,
 }
 
 impl PluginConstraint {
@@ -326,6 +344,23 @@ impl PluginConstraint {
     pub fn with_vocab(mut self, vocab: usize) -> Self {
         self.vocab = vocab;
         self
+    }
+
+    /// Turns fast-forward off (the classic path) or on.
+    pub fn with_fast_forward(mut self, on: bool) -> Self {
+        self.fast_forward = on;
+        self
+    }
+
+    /// Applies a plugin's answer: forced tokens go to the engine (fast-forward) or wait to be
+    /// sampled one per step (classic).
+    fn step(&mut self, forced: Vec<u32>, stop: bool) -> ConstraintStep {
+        if self.fast_forward {
+            return ConstraintStep { forced, stop };
+        }
+        self.pending.extend(forced);
+        self.pending_stop = stop;
+        ConstraintStep { forced: Vec::new(), stop: self.pending.is_empty() && stop }
     }
 
     fn parts(&mut self) -> anyhow::Result<(&mut PluginInstance, &MatcherHandle)> {
@@ -340,11 +375,16 @@ impl SequenceConstraint for PluginConstraint {
     fn start(&mut self) -> anyhow::Result<ConstraintStep> {
         let (instance, matcher) = self.parts()?;
         let outcome = instance.commit(matcher, &[])?;
-        Ok(ConstraintStep { forced: outcome.forced, stop: outcome.stop })
+        Ok(self.step(outcome.forced, outcome.stop))
     }
 
     fn mask(&mut self) -> anyhow::Result<Option<Vec<u32>>> {
         let vocab = self.vocab;
+        if let Some(&next) = self.pending.front() {
+            let mut only = vec![0u32; vocab.div_ceil(32).max(next as usize / 32 + 1)];
+            only[next as usize / 32] |= 1 << (next % 32);
+            return Ok(Some(only));
+        }
         let metrics = self.metrics.clone();
         let started = Instant::now();
         let (instance, matcher) = self.parts()?;
@@ -357,9 +397,13 @@ impl SequenceConstraint for PluginConstraint {
     }
 
     fn commit(&mut self, token: u32) -> anyhow::Result<ConstraintStep> {
+        if let Some(next) = self.pending.pop_front() {
+            anyhow::ensure!(next == token, "token {token} was sampled where the constraint forces {next}");
+            return Ok(ConstraintStep { forced: Vec::new(), stop: self.pending.is_empty() && self.pending_stop });
+        }
         let (instance, matcher) = self.parts()?;
         let outcome = instance.commit(matcher, &[token])?;
-        Ok(ConstraintStep { forced: outcome.forced, stop: outcome.stop })
+        Ok(self.step(outcome.forced, outcome.stop))
     }
 }
 

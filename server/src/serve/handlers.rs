@@ -158,7 +158,8 @@ async fn constraints(
                     &served.worker.tokenizer,
                     served.worker.metrics.clone(),
                 )?;
-                Ok(Some(Box::new(c.with_vocab(served.worker.vocab_size)) as Box<dyn SequenceConstraint>))
+                let c = c.with_vocab(served.worker.vocab_size).with_fast_forward(served.entry.config.dspark);
+                Ok(Some(Box::new(c) as Box<dyn SequenceConstraint>))
             })
             .collect()
     })
