@@ -304,7 +304,33 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
     let tickets = submit(&served, prompt, &resolved, constraints).await?;
     let created = unix_now();
     if resolved.stream {
-        return Ok(stream_chat(served, spec, tickets, id, created, request.model, prompt_tokens, resolved));
+        let head = StreamHead {
+            served,
+            spec,
+            id,
+            object: "chat.completion.chunk",
+            created,
+            model: request.model,
+            prompt_tokens,
+            include_usage: resolved.include_usage,
+        };
+        let opening = (0..resolved.n)
+            .map(|index| json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))
+            .collect();
+        let want_logprobs = resolved.sampling.logprobs.is_some();
+        return Ok(stream_response(head, tickets, opening, move |served, index, update| {
+            let mut choices = Vec::new();
+            let logprobs = want_logprobs.then(|| json!({"content": token_logprobs(served, &update.tokens)}));
+            if !update.text.is_empty() || logprobs.is_some() && !update.tokens.is_empty() {
+                choices.push(json!({"index": index, "delta": {"content": update.text}, "logprobs": logprobs, "finish_reason": null}));
+            }
+            if let Some(finish) = &update.finish {
+                choices.push(
+                    json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason(finish)}),
+                );
+            }
+            choices
+        }));
     }
     let mut choices = Vec::new();
     let mut completion_tokens = 0;
@@ -349,34 +375,38 @@ fn sse(value: &Value) -> Result<SseEvent, std::convert::Infallible> {
     Ok(SseEvent::default().data(value.to_string()))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn stream_chat(
+/// What a streamed response needs besides its choices' rendering.
+struct StreamHead {
     served: Arc<Served>,
     spec: Option<ConstraintSpec>,
-    tickets: Vec<Ticket>,
     id: String,
+    object: &'static str,
     created: u64,
     model: String,
     prompt_tokens: usize,
-    resolved: Resolved,
-) -> Response {
+    include_usage: bool,
+}
+
+/// Streams the tickets' updates as server-sent events: `opening` choices first, then
+/// whatever `render` makes of each update, the usage chunk when asked for, and `[DONE]`.
+/// Finished answers are checked against their constraint on the way.
+fn stream_response<F>(head: StreamHead, tickets: Vec<Ticket>, opening: Vec<Value>, render: F) -> Response
+where
+    F: Fn(&Served, usize, &SequenceUpdate) -> Vec<Value> + Send + 'static,
+{
     let (tx, rx) = mpsc::unbounded_channel();
     let n = tickets.len();
     let mut events = merge(tickets);
     tokio::spawn(async move {
         let chunk = |choices: Value, usage: Option<Value>| {
-            let mut c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
-            if resolved.include_usage {
+            let mut c = json!({"id": head.id, "object": head.object, "created": head.created, "model": head.model, "choices": choices});
+            if head.include_usage {
                 c["usage"] = usage.unwrap_or(Value::Null);
             }
             c
         };
-        for index in 0..n {
-            let first = chunk(
-                json!([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
-                None,
-            );
-            if tx.send(sse(&first)).is_err() {
+        for choice in opening {
+            if tx.send(sse(&chunk(json!([choice]), None))).is_err() {
                 return;
             }
         }
@@ -394,32 +424,18 @@ fn stream_chat(
             };
             completion_tokens += update.tokens.len();
             texts[index].push_str(&update.text);
-            let logprobs =
-                resolved.sampling.logprobs.map(|_| json!({"content": token_logprobs(&served, &update.tokens)}));
-            if !update.text.is_empty() || logprobs.is_some() && !update.tokens.is_empty() {
-                let c = chunk(
-                    json!([{"index": index, "delta": {"content": update.text}, "logprobs": logprobs, "finish_reason": null}]),
-                    None,
-                );
-                if tx.send(sse(&c)).is_err() {
-                    return;
-                }
-            }
-            if let Some(finish) = update.finish {
-                check_output(&served, &spec, &texts[index], &finish);
+            if let Some(finish) = &update.finish {
+                check_output(&head.served, &head.spec, &texts[index], finish);
                 open -= 1;
-                let c = chunk(
-                    json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason(&finish)}]),
-                    None,
-                );
-                if tx.send(sse(&c)).is_err() {
+            }
+            for choice in render(&head.served, index, &update) {
+                if tx.send(sse(&chunk(json!([choice]), None))).is_err() {
                     return;
                 }
             }
         }
-        if resolved.include_usage {
-            let c = chunk(json!([]), Some(usage(prompt_tokens, completion_tokens)));
-            let _ = tx.send(sse(&c));
+        if head.include_usage {
+            let _ = tx.send(sse(&chunk(json!([]), Some(usage(head.prompt_tokens, completion_tokens)))));
         }
         let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
     });
@@ -456,6 +472,24 @@ fn completion_prompts(served: &Served, prompt: &Value) -> Result<Vec<Vec<u32>>, 
     Ok(prompts)
 }
 
+/// Token logprobs in the legacy completions format.
+fn completion_logprobs(served: &Served, tokens: &[TokenOutput]) -> Value {
+    let table = served.worker.tokenizer.tokenizer.table();
+    let text = |id: u32| String::from_utf8_lossy(table.token_bytes(id)).into_owned();
+    let top = |t: &TokenOutput| -> serde_json::Map<String, Value> {
+        if t.forced {
+            [(text(t.token), json!(0.0))].into_iter().collect()
+        } else {
+            t.top_logprobs.iter().map(|&(id, lp)| (text(id), json!(lp))).collect()
+        }
+    };
+    json!({
+        "tokens": tokens.iter().map(|t| text(t.token)).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob.unwrap_or(0.0)).collect::<Vec<_>>(),
+        "top_logprobs": tokens.iter().map(|t| Value::Object(top(t))).collect::<Vec<_>>(),
+    })
+}
+
 /// `POST /v1/completions`.
 pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     match complete(state, body).await {
@@ -486,66 +520,23 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         tickets.extend(submit(&served, prompt, &resolved, constraints).await?);
     }
     let created = unix_now();
-    let logprobs_of = |served: &Served, tokens: &[TokenOutput]| {
-        let table = served.worker.tokenizer.tokenizer.table();
-        let text = |id: u32| String::from_utf8_lossy(table.token_bytes(id)).into_owned();
-        json!({
-            "tokens": tokens.iter().map(|t| text(t.token)).collect::<Vec<_>>(),
-            "token_logprobs": tokens.iter().map(|t| t.logprob.unwrap_or(0.0)).collect::<Vec<_>>(),
-            "top_logprobs": tokens.iter().map(|t| {
-                let top: serde_json::Map<String, Value> = if t.forced { [(text(t.token), json!(0.0))].into_iter().collect() }
-                    else { t.top_logprobs.iter().map(|&(id, lp)| (text(id), json!(lp))).collect() };
-                Value::Object(top)
-            }).collect::<Vec<_>>(),
-        })
-    };
     if resolved.stream {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let n = tickets.len();
-        let mut events = merge(tickets);
-        let model = request.model.clone();
-        tokio::spawn(async move {
-            let chunk = |choices: Value, usage: Option<Value>| {
-                let mut c = json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
-                if resolved.include_usage {
-                    c["usage"] = usage.unwrap_or(Value::Null);
-                }
-                c
-            };
-            let mut texts = vec![String::new(); n];
-            let mut completion_tokens = 0;
-            let mut open = n;
-            while open > 0 {
-                let Some((index, event)) = events.recv().await else { break };
-                let update = match event {
-                    Event::Update(u) => u,
-                    Event::Failed(message) => {
-                        let _ = tx.send(sse(&ApiError::internal(message).body()));
-                        return;
-                    }
-                };
-                completion_tokens += update.tokens.len();
-                texts[index].push_str(&update.text);
-                let logprobs = resolved.sampling.logprobs.map(|_| logprobs_of(&served, &update.tokens));
-                let finish = update.finish.as_ref().map(finish_reason);
-                if let Some(f) = &update.finish {
-                    check_output(&served, &spec, &texts[index], f);
-                    open -= 1;
-                }
-                let c = chunk(
-                    json!([{"index": index, "text": update.text, "logprobs": logprobs, "finish_reason": finish}]),
-                    None,
-                );
-                if tx.send(sse(&c)).is_err() {
-                    return;
-                }
-            }
-            if resolved.include_usage {
-                let _ = tx.send(sse(&chunk(json!([]), Some(usage(prompt_tokens, completion_tokens)))));
-            }
-            let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
-        });
-        return Ok(Sse::new(UnboundedReceiverStream::new(rx)).keep_alive(KeepAlive::default()).into_response());
+        let head = StreamHead {
+            served,
+            spec,
+            id,
+            object: "text_completion",
+            created,
+            model: request.model,
+            prompt_tokens,
+            include_usage: resolved.include_usage,
+        };
+        let want_logprobs = resolved.sampling.logprobs.is_some();
+        return Ok(stream_response(head, tickets, Vec::new(), move |served, index, update| {
+            let logprobs = want_logprobs.then(|| completion_logprobs(served, &update.tokens));
+            let finish = update.finish.as_ref().map(finish_reason);
+            vec![json!({"index": index, "text": update.text, "logprobs": logprobs, "finish_reason": finish})]
+        }));
     }
     let mut choices = Vec::new();
     let mut completion_tokens = 0;
@@ -553,7 +544,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         let out = collect(ticket).await?;
         check_output(&served, &spec, &out.text, &out.finish);
         completion_tokens += out.tokens.len();
-        let logprobs = resolved.sampling.logprobs.map(|_| logprobs_of(&served, &out.tokens));
+        let logprobs = resolved.sampling.logprobs.map(|_| completion_logprobs(&served, &out.tokens));
         choices.push(json!({"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": finish_reason(&out.finish)}));
     }
     tracing::info!(request_id = %id, completion_tokens, "completion done");

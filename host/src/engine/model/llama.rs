@@ -29,33 +29,10 @@ use crate::engine::gguf::GgufFile;
 
 /// Reads a `llama` GGUF's hyper-parameters.
 pub fn config(file: &GgufFile) -> anyhow::Result<DecoderConfig> {
-    let hidden = file.u32("llama.embedding_length")? as usize;
-    let heads = file.u32("llama.attention.head_count")? as usize;
     if file.has_tensor("rope_freqs.weight") {
         bail!("{}: scaled RoPE (rope_freqs.weight, Llama 3.1+) is not supported yet", file.path().display());
     }
-    let vocab_size = match file.opt_u32("llama.vocab_size")? {
-        Some(v) => v as usize,
-        None => file.strings("tokenizer.ggml.tokens")?.len(),
-    };
-    Ok(DecoderConfig {
-        architecture: "llama".to_string(),
-        vocab_size,
-        hidden,
-        intermediate: file.u32("llama.feed_forward_length")? as usize,
-        layers: file.u32("llama.block_count")? as usize,
-        heads,
-        kv_heads: file.opt_u32("llama.attention.head_count_kv")?.map_or(heads, |v| v as usize),
-        head_dim: match file.opt_u32("llama.rope.dimension_count")? {
-            Some(d) => d as usize,
-            None => hidden / heads.max(1),
-        },
-        rms_eps: file.f32("llama.attention.layer_norm_rms_epsilon")?,
-        rope_theta: file.opt_f32("llama.rope.freq_base")?.unwrap_or(10_000.0),
-        rope_layout: RopeLayout::Interleaved,
-        qkv_bias: false,
-        context_length: file.opt_u32("llama.context_length")?.unwrap_or(4096) as usize,
-    })
+    DecoderConfig::from_gguf(file, "llama", RopeLayout::Interleaved, false, 4096)
 }
 
 struct Block<B: Backend> {

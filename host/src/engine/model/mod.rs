@@ -46,6 +46,45 @@ pub struct DecoderConfig {
     pub context_length: usize,
 }
 
+impl DecoderConfig {
+    /// Reads the hyper-parameters every Llama-family GGUF stores under `<arch>.*`; the
+    /// architecture supplies what the file does not say (RoPE layout, Q/K/V biases, the
+    /// context length to assume when the key is missing).
+    pub fn from_gguf(
+        file: &GgufFile,
+        arch: &str,
+        rope_layout: RopeLayout,
+        qkv_bias: bool,
+        default_context: u32,
+    ) -> anyhow::Result<Self> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let hidden = file.u32(&key("embedding_length"))? as usize;
+        let heads = file.u32(&key("attention.head_count"))? as usize;
+        let vocab_size = match file.opt_u32(&key("vocab_size"))? {
+            Some(v) => v as usize,
+            None => file.strings("tokenizer.ggml.tokens")?.len(),
+        };
+        Ok(Self {
+            architecture: arch.to_string(),
+            vocab_size,
+            hidden,
+            intermediate: file.u32(&key("feed_forward_length"))? as usize,
+            layers: file.u32(&key("block_count"))? as usize,
+            heads,
+            kv_heads: file.opt_u32(&key("attention.head_count_kv"))?.map_or(heads, |v| v as usize),
+            head_dim: match file.opt_u32(&key("rope.dimension_count"))? {
+                Some(d) => d as usize,
+                None => hidden / heads.max(1),
+            },
+            rms_eps: file.f32(&key("attention.layer_norm_rms_epsilon"))?,
+            rope_theta: file.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+            rope_layout,
+            qkv_bias,
+            context_length: file.opt_u32(&key("context_length"))?.unwrap_or(default_context) as usize,
+        })
+    }
+}
+
 /// A loaded model of any supported architecture.
 pub struct Model<B: Backend> {
     decoder: llama::Llama<B>,

@@ -13,25 +13,5 @@ use crate::engine::gguf::GgufFile;
 
 /// Reads a `qwen2` GGUF's hyper-parameters.
 pub fn config(file: &GgufFile) -> anyhow::Result<DecoderConfig> {
-    let hidden = file.u32("qwen2.embedding_length")? as usize;
-    let heads = file.u32("qwen2.attention.head_count")? as usize;
-    let vocab_size = match file.opt_u32("qwen2.vocab_size")? {
-        Some(v) => v as usize,
-        None => file.strings("tokenizer.ggml.tokens")?.len(),
-    };
-    Ok(DecoderConfig {
-        architecture: "qwen2".to_string(),
-        vocab_size,
-        hidden,
-        intermediate: file.u32("qwen2.feed_forward_length")? as usize,
-        layers: file.u32("qwen2.block_count")? as usize,
-        heads,
-        kv_heads: file.opt_u32("qwen2.attention.head_count_kv")?.map_or(heads, |v| v as usize),
-        head_dim: hidden / heads.max(1),
-        rms_eps: file.f32("qwen2.attention.layer_norm_rms_epsilon")?,
-        rope_theta: file.opt_f32("qwen2.rope.freq_base")?.unwrap_or(10_000.0),
-        rope_layout: RopeLayout::Halves,
-        qkv_bias: true,
-        context_length: file.opt_u32("qwen2.context_length")?.unwrap_or(32_768) as usize,
-    })
+    DecoderConfig::from_gguf(file, "qwen2", RopeLayout::Halves, true, 32_768)
 }
