@@ -15,6 +15,7 @@ use anyhow::{Context, anyhow, bail};
 use serde_json::{Value, json};
 use tokenizers::Tokenizer;
 
+use super::chat::ChatTemplate;
 use super::gguf::GgufFile;
 use crate::tokenizer::{HfTokenizer, WELL_KNOWN_EOS};
 
@@ -71,6 +72,14 @@ impl ModelTokenizer {
         }
         ids.extend_from_slice(encoding.get_ids());
         Ok(ids)
+    }
+
+    /// The model's chat template compiled with its BOS and EOS strings, if it has one.
+    pub fn compile_chat_template(&self) -> Option<anyhow::Result<ChatTemplate>> {
+        let source = self.chat_template.as_deref()?;
+        let bos = self.bos.map(|b| self.token_text(b)).unwrap_or_default();
+        let eos = self.eos.first().map(|&e| self.token_text(e)).unwrap_or_default();
+        Some(ChatTemplate::new(source, &bos, &eos))
     }
 
     /// The text of a token id, as the vocabulary spells it (for logs and `--verbose`).

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, anyhow};
-use dspark_host::engine::chat::ChatTemplate;
 use dspark_host::engine::{CpuBackend, EngineConfig, GenerationRequest, LlmEngine, SamplingParams, load_model};
 use serde_json::json;
 
@@ -53,13 +52,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let prompt = match (&args.prompt, &args.chat) {
         (Some(p), _) => p.clone(),
         (None, Some(message)) => {
-            let source = tokenizer
-                .chat_template
-                .as_deref()
-                .ok_or_else(|| anyhow!("{} has no chat template; use --prompt", args.model.display()))?;
-            let bos = tokenizer.bos.map(|b| tokenizer.token_text(b)).unwrap_or_default();
-            let eos = tokenizer.eos.first().map(|&e| tokenizer.token_text(e)).unwrap_or_default();
-            ChatTemplate::new(source, &bos, &eos)?.render(&[json!({"role": "user", "content": message})], None, true)?
+            let template = tokenizer
+                .compile_chat_template()
+                .ok_or_else(|| anyhow!("{} has no chat template; use --prompt", args.model.display()))??;
+            template.render(&[json!({"role": "user", "content": message})], None, true)?
         }
         (None, None) => unreachable!("clap requires --prompt or --chat"),
     };

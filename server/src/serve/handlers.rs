@@ -10,7 +10,6 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use dspark_host::engine::chat::ChatTemplate;
 use dspark_host::engine::{FinishReason, GenerationRequest, SequenceConstraint, SequenceUpdate, TokenOutput};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -123,12 +122,16 @@ fn normalise_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
 fn chat_prompt(served: &Served, request: &ChatRequest) -> Result<Vec<u32>, ApiError> {
     let messages = normalise_messages(&request.messages)?;
     let tokenizer = &served.worker.tokenizer;
-    let source = tokenizer.chat_template.as_deref().ok_or_else(|| {
-        ApiError::bad_request(format!("model `{}` has no chat template; use /v1/completions", served.entry.name))
-    })?;
-    let bos = tokenizer.bos.map(|b| tokenizer.token_text(b)).unwrap_or_default();
-    let eos = tokenizer.eos.first().map(|&e| tokenizer.token_text(e)).unwrap_or_default();
-    let template = ChatTemplate::new(source, &bos, &eos).map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    let template = match &served.chat_template {
+        Some(Ok(t)) => t,
+        Some(Err(e)) => return Err(ApiError::internal(format!("the model's chat template does not compile: {e}"))),
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "model `{}` has no chat template; use /v1/completions",
+                served.entry.name
+            )));
+        }
+    };
     let tools = request.tools.as_deref();
     let text = template
         .render(&messages, tools, true)
@@ -201,15 +204,19 @@ fn finish_reason(f: &FinishReason) -> &'static str {
 }
 
 /// Checks a finished constrained answer and counts a failure (which must never happen).
-fn check_output(served: &Served, spec: &Option<ConstraintSpec>, text: &str, finish: &FinishReason) {
-    let Some(schema) = spec.as_ref().and_then(|s| s.validate.as_ref()) else { return };
+/// The validator of a request's JSON constraint, compiled once per request.
+fn output_validator(spec: &Option<ConstraintSpec>) -> Option<Arc<jsonschema::Validator>> {
+    let schema = spec.as_ref()?.validate.as_ref()?;
+    // A schema the plugin compiled but the validator cannot is not checked (never observed).
+    jsonschema::validator_for(schema).ok().map(Arc::new)
+}
+
+fn check_output(served: &Served, validator: Option<&jsonschema::Validator>, text: &str, finish: &FinishReason) {
+    let Some(validator) = validator else { return };
     if *finish != FinishReason::Stop {
         return;
     }
-    let valid = match serde_json::from_str::<Value>(text) {
-        Ok(value) => jsonschema::validator_for(schema).map(|v| v.is_valid(&value)).unwrap_or(true),
-        Err(_) => false,
-    };
+    let valid = serde_json::from_str::<Value>(text).is_ok_and(|value| validator.is_valid(&value));
     if !valid {
         served.worker.metrics.validation_failures.add(1);
         tracing::error!(model = %served.entry.name, "a constrained answer finished with stop but does not validate: {text}");
@@ -270,10 +277,7 @@ fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    match chat(state, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+    chat(state, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -283,13 +287,11 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
     let resolved = sampling.resolve(logprobs, &served.entry.config.sampling)?;
     let spec = constraint::from_request(&sampling)?;
-    match request.tool_choice.as_ref().map(|c| c.as_str().map(str::to_string).ok_or(())) {
-        None | Some(Ok(_)) if request.tools.is_none() && request.tool_choice.is_some() => {
-            return Err(ApiError::invalid("tool_choice", "`tool_choice` needs `tools`"));
-        }
-        None => {}
-        Some(Ok(choice)) if choice == "none" || choice == "auto" => {}
-        _ => {
+    match (&request.tool_choice, &request.tools) {
+        (None, _) => {}
+        (Some(_), None) => return Err(ApiError::invalid("tool_choice", "`tool_choice` needs `tools`")),
+        (Some(Value::String(choice)), Some(_)) if choice == "none" || choice == "auto" => {}
+        (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
                 "tool_choice",
                 "`tool_choice` `required` and named functions need the tool-call plugin, which this server does not have yet; use `auto` or `none`",
@@ -300,13 +302,14 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
     let id = request_id("chatcmpl");
     tracing::info!(request_id = %id, model = %request.model, prompt_tokens = prompt.len(), n = resolved.n, stream = resolved.stream, constraint = ?spec.as_ref().map(|s| &s.kind), "chat completion");
     let constraints = constraints(&state, &served, &spec, resolved.n).await?;
+    let validator = output_validator(&spec);
     let prompt_tokens = prompt.len();
     let tickets = submit(&served, prompt, &resolved, constraints).await?;
     let created = unix_now();
     if resolved.stream {
         let head = StreamHead {
             served,
-            spec,
+            validator,
             id,
             object: "chat.completion.chunk",
             created,
@@ -336,7 +339,7 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
     let mut completion_tokens = 0;
     for (index, ticket) in tickets.into_iter().enumerate() {
         let out = collect(ticket).await?;
-        check_output(&served, &spec, &out.text, &out.finish);
+        check_output(&served, validator.as_deref(), &out.text, &out.finish);
         completion_tokens += out.tokens.len();
         let logprobs = resolved.sampling.logprobs.map(|_| json!({"content": token_logprobs(&served, &out.tokens)}));
         choices.push(json!({
@@ -378,7 +381,7 @@ fn sse(value: &Value) -> Result<SseEvent, std::convert::Infallible> {
 /// What a streamed response needs besides its choices' rendering.
 struct StreamHead {
     served: Arc<Served>,
-    spec: Option<ConstraintSpec>,
+    validator: Option<Arc<jsonschema::Validator>>,
     id: String,
     object: &'static str,
     created: u64,
@@ -425,7 +428,7 @@ where
             completion_tokens += update.tokens.len();
             texts[index].push_str(&update.text);
             if let Some(finish) = &update.finish {
-                check_output(&head.served, &head.spec, &texts[index], finish);
+                check_output(&head.served, head.validator.as_deref(), &texts[index], finish);
                 open -= 1;
             }
             for choice in render(&head.served, index, &update) {
@@ -492,10 +495,7 @@ fn completion_logprobs(served: &Served, tokens: &[TokenOutput]) -> Value {
 
 /// `POST /v1/completions`.
 pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    match complete(state, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+    complete(state, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -514,6 +514,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
     let id = request_id("cmpl");
     tracing::info!(request_id = %id, model = %request.model, prompts = prompts.len(), n = resolved.n, stream = resolved.stream, "completion");
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let validator = output_validator(&spec);
     let mut tickets = Vec::new();
     for prompt in prompts {
         let constraints = constraints(&state, &served, &spec, resolved.n).await?;
@@ -523,7 +524,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
     if resolved.stream {
         let head = StreamHead {
             served,
-            spec,
+            validator,
             id,
             object: "text_completion",
             created,
@@ -542,7 +543,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
     let mut completion_tokens = 0;
     for (index, ticket) in tickets.into_iter().enumerate() {
         let out = collect(ticket).await?;
-        check_output(&served, &spec, &out.text, &out.finish);
+        check_output(&served, validator.as_deref(), &out.text, &out.finish);
         completion_tokens += out.tokens.len();
         let logprobs = resolved.sampling.logprobs.map(|_| completion_logprobs(&served, &out.tokens));
         choices.push(json!({"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": finish_reason(&out.finish)}));

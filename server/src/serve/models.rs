@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use dspark_host::engine::chat::ChatTemplate;
 use dspark_host::engine::{CpuBackend, Model, ModelTokenizer, load_model};
 use serde_json::{Value, json};
 
@@ -41,6 +42,9 @@ pub struct Served {
     pub worker: Worker,
     /// Plugin instances for this model's tokenizer.
     pub pools: Pools,
+    /// The chat template, compiled once (or why it does not compile); `None` when the model
+    /// has none.
+    pub chat_template: Option<Result<ChatTemplate, String>>,
     /// Unix time it became ready.
     pub created: u64,
     _weights: Arc<Weights>,
@@ -175,7 +179,11 @@ impl Models {
             Worker::spawn(&entry.name, weights.model.clone(), weights.tokenizer.clone(), &entry.config, metrics)
                 .with_context(|| format!("cannot start the engine of `{}`", entry.name))?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok(Served { entry: entry.clone(), worker, pools: Pools::default(), created, _weights: weights })
+        let chat_template = weights.tokenizer.compile_chat_template().map(|t| t.map_err(|e| format!("{e:#}")));
+        if let Some(Err(e)) = &chat_template {
+            tracing::warn!(model = %entry.name, "the chat template does not compile; chat requests will fail: {e}");
+        }
+        Ok(Served { entry: entry.clone(), worker, pools: Pools::default(), chat_template, created, _weights: weights })
     }
 
     /// The weights of `path`, shared with any entry that already loaded the same file.
