@@ -12,8 +12,11 @@
 //!   tokenisation they ask the host for.
 //! - [`engine`]: the model engine: GGUF models (llama, qwen2) over a backend trait, the paged
 //!   KV cache with prefix caching, the continuous-batching scheduler and the sampler.
+//! - [`pathtree`]: DSpark's path tree, the per-constraint cache of masks, forced spans and
+//!   successor states shared by all sequences, so that a known path makes no plugin call.
 
 pub mod engine;
+pub mod pathtree;
 pub mod plugin;
 pub mod registry;
 pub mod tokenizer;

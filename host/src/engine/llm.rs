@@ -11,7 +11,9 @@
 //! parallel); the server drives it from a dedicated thread.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use thiserror::Error;
@@ -23,6 +25,7 @@ use super::gguf_tokenizer::ModelTokenizer;
 use super::model::Model;
 use super::sampler::{ParamError, Rng, SamplingParams, TokenHistory, sample};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId};
+use crate::pathtree::Mask;
 
 /// Engine limits. `Default` suits a small model on a CPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +47,10 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Element type of the KV cache.
     pub kv_cache_dtype: KvDtype,
+    /// Compute constraint masks on worker threads while the forward pass runs (DSpark's
+    /// overlap). Off, each mask is computed at sampling time, synchronously (the classic
+    /// path).
+    pub overlap_masks: bool,
 }
 
 impl Default for EngineConfig {
@@ -57,6 +64,7 @@ impl Default for EngineConfig {
             kv_cache_max_bytes: 2 << 30,
             prefix_caching: true,
             kv_cache_dtype: KvDtype::F16,
+            overlap_masks: true,
         }
     }
 }
@@ -66,8 +74,9 @@ pub trait SequenceConstraint: Send {
     /// The forced span at the start of the output.
     fn start(&mut self) -> anyhow::Result<ConstraintStep>;
     /// The tokens allowed next, as a bitset (bit `i % 32` of word `i / 32`); `None` allows
-    /// every token.
-    fn mask(&mut self) -> anyhow::Result<Option<Vec<u32>>>;
+    /// every token. With [`EngineConfig::overlap_masks`] this runs on a worker thread while
+    /// the forward pass runs, so it must not depend on the logits.
+    fn mask(&mut self) -> anyhow::Result<Option<Mask>>;
     /// Records a sampled token and returns what follows it.
     fn commit(&mut self, token: u32) -> anyhow::Result<ConstraintStep>;
 }
@@ -192,6 +201,11 @@ pub struct EngineStats {
     pub forced_tokens: u64,
     /// Sequences preempted.
     pub preemptions: u64,
+    /// Constraint masks computed.
+    pub masks: u64,
+    /// Nanoseconds sampling waited for masks: all of the mask time when masks are computed
+    /// at sampling, only what outlasted the forward pass when they overlap it.
+    pub mask_wait_ns: u64,
 }
 
 struct RequestState {
@@ -220,8 +234,13 @@ pub struct LlmEngine<B: Backend> {
     next_id: SeqId,
     max_model_len: usize,
     block_size: usize,
+    overlap_masks: bool,
+    mask_threads: usize,
     stats: EngineStats,
 }
+
+/// A mask computed ahead of sampling, with the constraint that computed it.
+type Precomputed = (SeqId, Box<dyn SequenceConstraint>, anyhow::Result<Option<Mask>>);
 
 impl<B: Backend> LlmEngine<B> {
     /// An engine over a loaded model. Fails when the limits cannot be met (e.g. a KV cache
@@ -280,6 +299,8 @@ impl<B: Backend> LlmEngine<B> {
             next_id: 0,
             max_model_len,
             block_size: config.block_size,
+            overlap_masks: config.overlap_masks,
+            mask_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             stats: EngineStats::default(),
         })
     }
@@ -387,17 +408,72 @@ impl<B: Backend> LlmEngine<B> {
             let prompt_part = seq.prompt_len.saturating_sub(s.start).min(s.len);
             self.stats.prompt_tokens_computed += prompt_part as u64;
         }
-        let mut logits = self.model.forward(&batch, &mut self.cache)?;
+        let sampled: Vec<SeqId> = plan.scheduled.iter().filter(|s| s.sample).map(|s| s.id).collect();
+        let (logits, mut masks) = self.forward_with_masks(&batch, &sampled);
+        let mut logits = logits?;
         self.stats.steps += 1;
         self.scheduler.complete(&plan);
         let vocab = self.model.config().vocab_size;
-        let sampled = plan.scheduled.iter().filter(|s| s.sample);
-        for (s, row) in sampled.zip(logits.chunks_exact_mut(vocab)) {
-            if let Some(update) = self.advance(s.id, row) {
+        for (&id, row) in sampled.iter().zip(logits.chunks_exact_mut(vocab)) {
+            if let Some(update) = self.advance(id, row, masks.remove(&id)) {
                 updates.push(update);
             }
         }
         Ok(updates)
+    }
+
+    /// Runs the forward pass; with overlap on, the masks of the sequences about to be sampled
+    /// are computed meanwhile on worker threads (a constraint's mask does not depend on the
+    /// logits). The time spent waiting for masks after the forward pass is counted.
+    fn forward_with_masks(
+        &mut self,
+        batch: &ForwardBatch,
+        sampled: &[SeqId],
+    ) -> (anyhow::Result<Vec<f32>>, HashMap<SeqId, anyhow::Result<Option<Mask>>>) {
+        let mut jobs: Vec<(SeqId, Box<dyn SequenceConstraint>)> = Vec::new();
+        if self.overlap_masks {
+            for &id in sampled {
+                if let Some(c) = self.requests.get_mut(&id).and_then(|r| r.constraint.take()) {
+                    jobs.push((id, c));
+                }
+            }
+        }
+        if jobs.is_empty() {
+            return (self.model.forward(batch, &mut self.cache), HashMap::new());
+        }
+        let job_ids: Vec<SeqId> = jobs.iter().map(|(id, _)| *id).collect();
+        let per_thread = jobs.len().div_ceil(self.mask_threads.max(1));
+        let (model, cache) = (&self.model, &mut self.cache);
+        let (logits, done, waited) = std::thread::scope(|scope| {
+            let mut workers = Vec::new();
+            while !jobs.is_empty() {
+                let chunk: Vec<_> = jobs.drain(..per_thread.min(jobs.len())).collect();
+                workers.push(scope.spawn(move || chunk.into_iter().map(compute_mask).collect::<Vec<Precomputed>>()));
+            }
+            let logits = model.forward(batch, cache);
+            let waiting = Instant::now();
+            // `compute_mask` catches panics, so a worker only fails to join if it could not
+            // run at all; its sequences then end with an error (their constraints are gone).
+            let done: Vec<Precomputed> = workers.into_iter().filter_map(|w| w.join().ok()).flatten().collect();
+            (logits, done, waiting.elapsed())
+        });
+        self.count_mask_wait(waited, done.len());
+        let mut masks = HashMap::new();
+        for (id, constraint, mask) in done {
+            if let Some(r) = self.requests.get_mut(&id) {
+                r.constraint = Some(constraint);
+                masks.insert(id, mask);
+            }
+        }
+        for id in job_ids {
+            masks.entry(id).or_insert_with(|| Err(anyhow::anyhow!("the mask worker thread failed")));
+        }
+        (logits, masks)
+    }
+
+    fn count_mask_wait(&mut self, waited: Duration, masks: usize) {
+        self.stats.masks += masks as u64;
+        self.stats.mask_wait_ns += waited.as_nanos() as u64;
     }
 
     fn finish_early_requests(&mut self) -> Vec<SequenceUpdate> {
@@ -419,10 +495,15 @@ impl<B: Backend> LlmEngine<B> {
     }
 
     /// Samples the next token of `id` from `logits` and applies everything that follows.
-    fn advance(&mut self, id: SeqId, logits: &mut [f32]) -> Option<SequenceUpdate> {
+    fn advance(
+        &mut self,
+        id: SeqId,
+        logits: &mut [f32],
+        mask: Option<anyhow::Result<Option<Mask>>>,
+    ) -> Option<SequenceUpdate> {
         let mut state = self.requests.remove(&id)?;
         let mut tokens = std::mem::take(&mut state.pending);
-        let finish = self.advance_state(id, &mut state, logits, &mut tokens);
+        let finish = self.advance_state(id, &mut state, logits, mask, &mut tokens);
         let text = state.text.delta(finish.is_some());
         if finish.is_some() {
             self.scheduler.finish(id);
@@ -437,9 +518,20 @@ impl<B: Backend> LlmEngine<B> {
         id: SeqId,
         state: &mut RequestState,
         logits: &mut [f32],
+        precomputed: Option<anyhow::Result<Option<Mask>>>,
         out: &mut Vec<TokenOutput>,
     ) -> Option<FinishReason> {
-        let mask = match state.constraint.as_mut().map(|c| c.mask()) {
+        let mask = match precomputed {
+            Some(mask) => Some(mask),
+            None => state.constraint.as_mut().map(|c| {
+                let started = Instant::now();
+                let mask = c.mask();
+                self.stats.masks += 1;
+                self.stats.mask_wait_ns += started.elapsed().as_nanos() as u64;
+                mask
+            }),
+        };
+        let mask = match mask {
             Some(Ok(mask)) => mask,
             Some(Err(e)) => return Some(FinishReason::Error(format!("constraint mask failed: {e:#}"))),
             None => None,
@@ -510,4 +602,11 @@ impl<B: Backend> LlmEngine<B> {
         }
         None
     }
+}
+
+/// Computes one constraint's mask, turning a panic into an error.
+fn compute_mask((id, mut constraint): (SeqId, Box<dyn SequenceConstraint>)) -> Precomputed {
+    let mask = std::panic::catch_unwind(AssertUnwindSafe(|| constraint.mask()))
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the constraint panicked computing a mask")));
+    (id, constraint, mask)
 }

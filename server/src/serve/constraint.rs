@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use dspark_host::engine::{ConstraintStep, ModelTokenizer, SequenceConstraint};
+use dspark_host::pathtree::{Mask, StateSource, TreeCache, TreeWalker};
 use dspark_host::plugin::{CompiledHandle, LoadedPlugin, MatcherHandle, PluginError, PluginInstance, TokenMask};
 use dspark_host::registry::Registry;
 use serde_json::Value;
@@ -199,16 +200,26 @@ fn from_response_format(format: &Value) -> Result<Option<ConstraintSpec>, ApiErr
 /// One pooled instance with the constraints it has compiled.
 struct Pooled {
     instance: PluginInstance,
-    compiled: HashMap<(String, String, String), CompiledHandle>,
+    compiled: HashMap<CompiledKey, CompiledHandle>,
 }
+
+/// What identifies a compiled constraint within one plugin and tokenizer: kind, canonical
+/// source and options.
+type CompiledKey = (String, String, String);
 
 /// Most compiled constraints kept per instance.
 const COMPILED_PER_INSTANCE: usize = 64;
 
-/// Instances of one plugin for one model's tokenizer.
+/// Most path trees kept per plugin and model, and their bytes in all.
+const PATH_TREES: usize = 256;
+const PATH_TREE_BYTES: usize = 256 << 20;
+
+/// Instances of one plugin for one model's tokenizer, and the path trees of the constraints
+/// compiled by it (DSpark's cache, shared by all requests of the model).
 pub struct PluginPool {
     plugin: Arc<LoadedPlugin>,
     idle: Mutex<Vec<Pooled>>,
+    trees: Mutex<TreeCache<CompiledKey>>,
 }
 
 /// Pools by plugin name for one model.
@@ -219,11 +230,18 @@ pub struct Pools {
 
 impl Pools {
     fn pool(&self, plugin: &Arc<LoadedPlugin>) -> Arc<PluginPool> {
-        let fresh = || Arc::new(PluginPool { plugin: plugin.clone(), idle: Mutex::new(Vec::new()) });
+        let fresh = || {
+            Arc::new(PluginPool {
+                plugin: plugin.clone(),
+                idle: Mutex::new(Vec::new()),
+                trees: Mutex::new(TreeCache::new(PATH_TREES, PATH_TREE_BYTES)),
+            })
+        };
         let mut pools = lock(&self.pools);
         let pool = pools.entry(plugin.name().to_string()).or_insert_with(fresh);
         if !Arc::ptr_eq(&pool.plugin, plugin) {
-            // The plugin was reloaded: its old instances run the old code.
+            // The plugin was reloaded: its old instances run the old code, and its old trees
+            // describe the old code's answers.
             *pool = fresh();
         }
         pool.clone()
@@ -241,14 +259,18 @@ fn plugin_error(spec: &ConstraintSpec, e: PluginError) -> ApiError {
     }
 }
 
-/// Compiles `spec` for a model and returns a matcher at its start. Blocking (compilation
-/// runs in the plugin): call from a blocking task.
+/// Compiles `spec` for a model (unless the instance taken from the pool has it already) and
+/// returns the sequence's constraint. With `dspark` the constraint walks the shared path tree
+/// and fast-forwards; without, it is the classic path. Blocking (compilation runs in the
+/// plugin): call from a blocking task.
 pub fn build(
     spec: &ConstraintSpec,
     registry: &Registry,
     pools: &Pools,
     tokenizer: &Arc<ModelTokenizer>,
     metrics: Arc<ModelMetrics>,
+    vocab: usize,
+    dspark: bool,
 ) -> Result<PluginConstraint, ApiError> {
     let plugin = match &spec.plugin {
         Some(name) => {
@@ -300,120 +322,198 @@ pub fn build(
             }
         }
     }
-    let matcher = match pooled.compiled.get(&key).map(|c| pooled.instance.new_matcher(c)) {
-        Some(Ok(m)) => m,
-        Some(Err(e)) => {
-            pooled.compiled.remove(&key);
+    let mode = if dspark {
+        Mode::Tree(TreeWalker::new(lock(&pool.trees).get(&key)))
+    } else {
+        Mode::Classic { pending: VecDeque::new(), pending_stop: false }
+    };
+    let mut source = WasmSource { pooled, key, matcher: None, vocab, metrics, failed: false };
+    if !dspark {
+        // The classic path asks the plugin at every step: start its matcher now.
+        if let Err(e) = source.matcher() {
+            let WasmSource { pooled, .. } = source;
             lock(&pool.idle).push(pooled);
             return Err(plugin_error(spec, e));
         }
-        None => return Err(ApiError::internal("compiled constraint vanished")),
-    };
-    Ok(PluginConstraint {
-        pool,
-        pooled: Some(pooled),
-        matcher: Some(matcher),
-        vocab: 0,
-        metrics,
-        fast_forward: true,
-        pending: VecDeque::new(),
-        pending_stop: false,
-    })
+    }
+    Ok(PluginConstraint { pool, source: Some(source), mode })
 }
 
-/// A plugin matcher driving one sequence: one plugin mask per sampled token.
-///
-/// With fast-forward (an entry's `dspark: true`), a forced span the plugin returns goes to the
-/// engine as a chunk appended without sampling. Without it (`dspark: false`, the classic path
-/// of other servers), the span's tokens are sampled one step each under a mask that allows
-/// only the next one; the plugin has already moved past them (the contract's semantics), so
-/// those masks are made here.
-pub struct PluginConstraint {
-    pool: Arc<PluginPool>,
-    pooled: Option<Pooled>,
+/// One sequence's own matcher in a pooled instance, created at its first use.
+struct WasmSource {
+    pooled: Pooled,
+    key: CompiledKey,
     matcher: Option<MatcherHandle>,
     vocab: usize,
     metrics: Arc<ModelMetrics>,
-    fast_forward: bool,
-    pending: VecDeque<u32>,
-    pending_stop: bool,
+    /// A call failed: the instance may be restarted and is not returned to the pool.
+    failed: bool,
+}
+
+impl WasmSource {
+    fn matcher(&mut self) -> Result<&MatcherHandle, PluginError> {
+        if self.matcher.is_none() {
+            let compiled = self.pooled.compiled.get(&self.key).ok_or_else(|| PluginError::InvalidOutput {
+                plugin: self.pooled.instance.plugin().name().to_string(),
+                call: "new-matcher",
+                message: "the compiled constraint was dropped".into(),
+            })?;
+            self.matcher = Some(self.pooled.instance.new_matcher(compiled)?);
+        }
+        self.matcher.as_ref().ok_or_else(|| unreachable_matcher(&self.pooled))
+    }
+
+    fn call<T>(
+        &mut self,
+        f: impl FnOnce(&mut PluginInstance, &MatcherHandle) -> Result<T, PluginError>,
+    ) -> anyhow::Result<T> {
+        let result = self.matcher().map(|_| ()).and_then(|_| match self.matcher.as_ref() {
+            Some(m) => f(&mut self.pooled.instance, m),
+            None => Err(unreachable_matcher(&self.pooled)),
+        });
+        self.failed |= result.is_err();
+        Ok(result?)
+    }
+}
+
+fn unreachable_matcher(pooled: &Pooled) -> PluginError {
+    PluginError::InvalidOutput {
+        plugin: pooled.instance.plugin().name().to_string(),
+        call: "new-matcher",
+        message: "no matcher".into(),
+    }
+}
+
+impl StateSource for WasmSource {
+    fn commit(&mut self, tokens: &[u32]) -> anyhow::Result<(Vec<u32>, bool)> {
+        let outcome = self.call(|i, m| i.commit(m, tokens))?;
+        Ok((outcome.forced, outcome.stop))
+    }
+
+    fn mask(&mut self) -> anyhow::Result<Option<Mask>> {
+        let started = Instant::now();
+        let mask = self.call(|i, m| i.compute_mask(m))?;
+        lock(&self.metrics.mask_seconds).observe(started.elapsed().as_secs_f64());
+        let width = self.vocab.max(self.pooled.instance.vocab_size());
+        Ok(match mask {
+            TokenMask::All => None,
+            other => Some(other.to_bitset(width).into()),
+        })
+    }
+
+    fn state_key(&mut self) -> anyhow::Result<u64> {
+        self.call(|i, m| i.state_key(m))
+    }
+}
+
+/// How a sequence's constraint is driven.
+enum Mode {
+    /// DSpark: masks and edges from the shared path tree, the plugin only on a miss; forced
+    /// spans go to the engine as fast-forward chunks.
+    Tree(TreeWalker),
+    /// The classic path of other servers: one plugin mask per step, and a forced span's
+    /// tokens sampled one step each under a mask that allows only the next one (the plugin
+    /// has already moved past them: the contract's semantics).
+    Classic { pending: VecDeque<u32>, pending_stop: bool },
+}
+
+/// A plugin constraint driving one sequence (see [`Mode`]).
+pub struct PluginConstraint {
+    pool: Arc<PluginPool>,
+    source: Option<WasmSource>,
+    mode: Mode,
 }
 
 impl PluginConstraint {
-    /// Sets the logits width masks are expanded to.
-    pub fn with_vocab(mut self, vocab: usize) -> Self {
-        self.vocab = vocab;
-        self
-    }
-
-    /// Turns fast-forward off (the classic path) or on.
-    pub fn with_fast_forward(mut self, on: bool) -> Self {
-        self.fast_forward = on;
-        self
-    }
-
-    /// Applies a plugin's answer: forced tokens go to the engine (fast-forward) or wait to be
-    /// sampled one per step (classic).
-    fn step(&mut self, forced: Vec<u32>, stop: bool) -> ConstraintStep {
-        if self.fast_forward {
-            return ConstraintStep { forced, stop };
-        }
-        self.pending.extend(forced);
-        self.pending_stop = stop;
-        ConstraintStep { forced: Vec::new(), stop: self.pending.is_empty() && stop }
-    }
-
-    fn parts(&mut self) -> anyhow::Result<(&mut PluginInstance, &MatcherHandle)> {
-        match (self.pooled.as_mut(), self.matcher.as_ref()) {
-            (Some(p), Some(m)) => Ok((&mut p.instance, m)),
-            _ => anyhow::bail!("the constraint was released"),
+    /// Classic mode: forced tokens wait to be sampled one per step.
+    fn classic_step(&mut self, forced: Vec<u32>, stop: bool) -> ConstraintStep {
+        match &mut self.mode {
+            Mode::Classic { pending, pending_stop } => {
+                pending.extend(forced);
+                *pending_stop = stop;
+                ConstraintStep { forced: Vec::new(), stop: pending.is_empty() && stop }
+            }
+            Mode::Tree(_) => ConstraintStep { forced, stop },
         }
     }
+}
+
+fn only(token: u32, vocab: usize) -> Mask {
+    let mut bits = vec![0u32; vocab.div_ceil(32).max(token as usize / 32 + 1)];
+    bits[token as usize / 32] |= 1 << (token % 32);
+    bits.into()
 }
 
 impl SequenceConstraint for PluginConstraint {
     fn start(&mut self) -> anyhow::Result<ConstraintStep> {
-        let (instance, matcher) = self.parts()?;
-        let outcome = instance.commit(matcher, &[])?;
-        Ok(self.step(outcome.forced, outcome.stop))
+        let mut source = self.source.take().ok_or_else(|| anyhow::anyhow!("the constraint was released"))?;
+        let result = match &mut self.mode {
+            Mode::Tree(walker) => {
+                walker.start(&mut source).map(|e| ConstraintStep { forced: e.forced.to_vec(), stop: e.stop })
+            }
+            Mode::Classic { .. } => source.commit(&[]).map(|(forced, stop)| self.classic_step(forced, stop)),
+        };
+        self.source = Some(source);
+        result
     }
 
-    fn mask(&mut self) -> anyhow::Result<Option<Vec<u32>>> {
-        let vocab = self.vocab;
-        if let Some(&next) = self.pending.front() {
-            let mut only = vec![0u32; vocab.div_ceil(32).max(next as usize / 32 + 1)];
-            only[next as usize / 32] |= 1 << (next % 32);
-            return Ok(Some(only));
-        }
-        let metrics = self.metrics.clone();
-        let started = Instant::now();
-        let (instance, matcher) = self.parts()?;
-        let mask = instance.compute_mask(matcher)?;
-        lock(&metrics.mask_seconds).observe(started.elapsed().as_secs_f64());
-        Ok(match mask {
-            TokenMask::All => None,
-            other => Some(other.to_bitset(vocab.max(instance.vocab_size()))),
-        })
+    fn mask(&mut self) -> anyhow::Result<Option<Mask>> {
+        let mut source = self.source.take().ok_or_else(|| anyhow::anyhow!("the constraint was released"))?;
+        let result = match &mut self.mode {
+            Mode::Tree(walker) => walker.mask(&mut source),
+            Mode::Classic { pending, .. } => match pending.front() {
+                Some(&next) => Ok(Some(only(next, source.vocab))),
+                None => source.mask(),
+            },
+        };
+        self.source = Some(source);
+        result
     }
 
     fn commit(&mut self, token: u32) -> anyhow::Result<ConstraintStep> {
-        if let Some(next) = self.pending.pop_front() {
-            anyhow::ensure!(next == token, "token {token} was sampled where the constraint forces {next}");
-            return Ok(ConstraintStep { forced: Vec::new(), stop: self.pending.is_empty() && self.pending_stop });
-        }
-        let (instance, matcher) = self.parts()?;
-        let outcome = instance.commit(matcher, &[token])?;
-        Ok(self.step(outcome.forced, outcome.stop))
+        let mut source = self.source.take().ok_or_else(|| anyhow::anyhow!("the constraint was released"))?;
+        let result = match &mut self.mode {
+            Mode::Tree(walker) => {
+                walker.commit(&mut source, token).map(|e| ConstraintStep { forced: e.forced.to_vec(), stop: e.stop })
+            }
+            Mode::Classic { pending, pending_stop } => match pending.pop_front() {
+                Some(next) if next == token => {
+                    Ok(ConstraintStep { forced: Vec::new(), stop: pending.is_empty() && *pending_stop })
+                }
+                Some(next) => Err(anyhow::anyhow!("token {token} was sampled where the constraint forces {next}")),
+                None => source.commit(&[token]).map(|(forced, stop)| self.classic_step(forced, stop)),
+            },
+        };
+        self.source = Some(source);
+        result
     }
 }
 
 impl Drop for PluginConstraint {
     fn drop(&mut self) {
-        if let (Some(mut pooled), Some(matcher)) = (self.pooled.take(), self.matcher.take()) {
-            // A stale or failed instance is not worth keeping.
-            if pooled.instance.drop_matcher(matcher).is_ok() {
-                lock(&self.pool.idle).push(pooled);
-            }
+        if let Some(source) = self.source.take() {
+            self.pool_return(source);
         }
+    }
+}
+
+impl PluginConstraint {
+    fn pool_return(&self, source: WasmSource) {
+        let WasmSource { mut pooled, matcher, failed, metrics, .. } = source;
+        if let Mode::Tree(walker) = &self.mode {
+            let stats = walker.stats();
+            metrics.path_tree_hits.add(stats.hits);
+            metrics.path_tree_misses.add(stats.misses);
+        }
+        if failed {
+            // A stale or failed instance is not worth keeping.
+            return;
+        }
+        if let Some(m) = matcher
+            && pooled.instance.drop_matcher(m).is_err()
+        {
+            return;
+        }
+        lock(&self.pool.idle).push(pooled);
     }
 }

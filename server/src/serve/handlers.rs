@@ -160,8 +160,9 @@ async fn constraints(
                     &served.pools,
                     &served.worker.tokenizer,
                     served.worker.metrics.clone(),
+                    served.worker.vocab_size,
+                    served.entry.config.dspark,
                 )?;
-                let c = c.with_vocab(served.worker.vocab_size).with_fast_forward(served.entry.config.dspark);
                 Ok(Some(Box::new(c) as Box<dyn SequenceConstraint>))
             })
             .collect()

@@ -111,6 +111,15 @@ pub struct ModelMetrics {
     pub validation_failures: Counter,
     /// Preempted sequences.
     pub preemptions: Counter,
+    /// Path-tree answers (starts, masks, edges) served from the cache, per finished request.
+    pub path_tree_hits: Counter,
+    /// Path-tree answers the plugin had to compute.
+    pub path_tree_misses: Counter,
+    /// Constraint masks the engine used.
+    pub masks: Counter,
+    /// Microseconds sampling waited for masks (the whole mask time on the classic path,
+    /// what outlasted the forward pass with overlap).
+    pub mask_wait_us: Counter,
 }
 
 impl ModelMetrics {
@@ -130,6 +139,10 @@ impl ModelMetrics {
             compile_seconds: Mutex::new(Histogram::new(CALL_BUCKETS)),
             validation_failures: Counter::default(),
             preemptions: Counter::default(),
+            path_tree_hits: Counter::default(),
+            path_tree_misses: Counter::default(),
+            masks: Counter::default(),
+            mask_wait_us: Counter::default(),
         }
     }
 
@@ -183,6 +196,26 @@ impl Metrics {
         counter(&mut out, "dspark_fast_forward_tokens_total", "Tokens appended without sampling.", &|m| {
             m.forced_tokens.get()
         });
+        counter(&mut out, "dspark_path_tree_hits_total", "Constraint answers served by the path tree.", &|m| {
+            m.path_tree_hits.get()
+        });
+        counter(&mut out, "dspark_path_tree_misses_total", "Constraint answers computed by the plugin.", &|m| {
+            m.path_tree_misses.get()
+        });
+        counter(&mut out, "dspark_masks_total", "Constraint masks applied at sampling.", &|m| m.masks.get());
+        let _ = writeln!(
+            out,
+            "# HELP dspark_mask_wait_seconds_total Time sampling waited for constraint masks.\n\
+             # TYPE dspark_mask_wait_seconds_total counter"
+        );
+        for (model, m) in models.iter() {
+            let _ = writeln!(
+                out,
+                "dspark_mask_wait_seconds_total{{model_name=\"{}\"}} {}",
+                escape(model),
+                m.mask_wait_us.get() as f64 / 1e6
+            );
+        }
         counter(
             &mut out,
             "dspark_validation_failures_total",

@@ -84,6 +84,8 @@ impl Worker {
             max_model_len: Some(max_model_len),
             kv_cache_tokens: config.kv_cache_tokens,
             prefix_caching: config.prefix_caching,
+            // DSpark's overlap; `dspark: false` computes each mask at sampling.
+            overlap_masks: config.dspark,
             ..EngineConfig::default()
         };
         let vocab_size = model.config().vocab_size;
@@ -185,6 +187,8 @@ fn report(engine: &LlmEngine<CpuBackend>, metrics: &ModelMetrics, seen: &mut Eng
     let stats = engine.stats();
     metrics.forced_tokens.add(stats.forced_tokens - seen.forced_tokens);
     metrics.preemptions.add(stats.preemptions - seen.preemptions);
+    metrics.masks.add(stats.masks - seen.masks);
+    metrics.mask_wait_us.add((stats.mask_wait_ns / 1000).saturating_sub(seen.mask_wait_ns / 1000));
     *seen = stats;
     let scheduler = engine.scheduler();
     metrics.running.set(scheduler.num_running() as f64);
