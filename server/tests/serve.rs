@@ -64,6 +64,15 @@ fn structured_outputs_validate_and_stream() {
         r["usage"]["total_tokens"],
         r["usage"]["prompt_tokens"].as_u64().unwrap() + r["usage"]["completion_tokens"].as_u64().unwrap()
     );
+    // The same request again walks the path tree the first one grew: the same answer, served
+    // from the cache (hits), with the masks computed during the forward pass.
+    let hits = |addr| metric(addr, &format!("dspark_path_tree_hits_total{{model_name=\"{MODEL}\"}}"));
+    let hits_before = hits(addr);
+    let again = post_json(addr, "/v1/chat/completions", &chat(json!({"response_format": format}))).json();
+    assert_eq!(content(&again), content(&r));
+    assert!(hits(addr) > hits_before, "the second walk made no path-tree hit");
+    assert!(metric(addr, &format!("dspark_masks_total{{model_name=\"{MODEL}\"}}")) > 0.0);
+    assert!(metric(addr, &format!("dspark_mask_wait_seconds_total{{model_name=\"{MODEL}\"}}")) >= 0.0);
 
     let r = post_json(addr, "/v1/chat/completions", &chat(json!({"response_format": {"type": "json_object"}}))).json();
     if r["choices"][0]["finish_reason"] == "stop" {
@@ -126,6 +135,20 @@ fn structured_outputs_validate_and_stream() {
     }
     assert!(completion_tokens > 0 && completion_tokens <= 24);
     assert!(text.starts_with('{'), "{text}");
+
+    // A fast-forwarded span reaches a streaming client as one delta: with logprobs on, some
+    // delta carries several tokens (the sampled one and the forced ones after it).
+    let body = chat(json!({"stream": true, "logprobs": true, "max_tokens": 40, "response_format": format}));
+    let response =
+        http::send(addr, "POST", "/v1/chat/completions", &[("content-type", "application/json")], body.to_string().as_bytes());
+    let events = response.events();
+    let widest = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().map(Vec::len))
+        .max()
+        .unwrap_or(0);
+    assert!(widest >= 2, "no delta carried a multi-token span");
 
     // Log-probabilities: one entry per completion token, alternatives best first.
     let r =
