@@ -2,9 +2,10 @@
 //!
 //! Subcommands so far: `plugins list|validate` (the plugin registry), `constraint check|maskbench`
 //! (drive a real constraint plugin in wasmtime without a model) and `generate` (one prompt
-//! through the engine) and `serve` (the OpenAI-compatible server). `bench` arrives with the
-//! DSpark work.
+//! through the engine), `serve` (the OpenAI-compatible server), `engine-bench` (the engine
+//! alone) and `bench` (a load generator for any OpenAI-compatible server).
 
+mod bench;
 mod cli;
 mod serve;
 

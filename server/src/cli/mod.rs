@@ -37,6 +37,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Generate text from a prompt with a GGUF model (prints prompt and decode timings).
     Generate(generate::GenerateArgs),
+    /// Load-test an OpenAI-compatible server (ours, llama.cpp, vLLM) with structured-output
+    /// workloads, optionally against a second target.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Options every command that runs plugins shares.
@@ -67,5 +70,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::EngineBench(a) => engine_bench::run(a).map(|()| ExitCode::SUCCESS),
         Command::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
         Command::Generate(a) => generate::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Bench(a) => crate::bench::run(a).map(|()| ExitCode::SUCCESS),
     }
 }
