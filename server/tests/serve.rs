@@ -139,8 +139,13 @@ fn structured_outputs_validate_and_stream() {
     // A fast-forwarded span reaches a streaming client as one delta: with logprobs on, some
     // delta carries several tokens (the sampled one and the forced ones after it).
     let body = chat(json!({"stream": true, "logprobs": true, "max_tokens": 40, "response_format": format}));
-    let response =
-        http::send(addr, "POST", "/v1/chat/completions", &[("content-type", "application/json")], body.to_string().as_bytes());
+    let response = http::send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
     let events = response.events();
     let widest = events[..events.len() - 1]
         .iter()

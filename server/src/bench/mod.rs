@@ -102,6 +102,10 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Write every answer to this file, one JSON object per line (target, index, content,
+    /// finish reason, completion tokens, error).
+    #[arg(long)]
+    dump: Option<std::path::PathBuf>,
 }
 
 /// One server and model under test.
@@ -201,6 +205,18 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         .zip(&walls)
         .map(|((t, o), &wall)| summarize(&t.label, &prompts, o, wall, &validator))
         .collect();
+    if let Some(path) = &args.dump {
+        let mut lines = String::new();
+        for (t, outcomes) in targets.iter().zip(&outcomes) {
+            for (index, o) in outcomes.iter().enumerate() {
+                let Some(o) = o else { continue };
+                let line = json!({"target": t.label, "index": index, "content": o.content, "finish_reason": o.finish_reason, "completion_tokens": o.completion_tokens, "error": o.error});
+                lines.push_str(&line.to_string());
+                lines.push('\n');
+            }
+        }
+        std::fs::write(path, lines).with_context(|| format!("cannot write {}", path.display()))?;
+    }
     let identical = (targets.len() == 2 && args.temperature == 0.0).then(|| identical_pct(&outcomes[0], &outcomes[1]));
     print(&args, &summaries, identical);
     Ok(())

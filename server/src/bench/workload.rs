@@ -133,7 +133,9 @@ pub fn prompt(workload: Workload, seed: u64, index: usize, records: usize) -> Pr
     };
     let fields = match workload {
         Workload::Users => "id, name, age, email",
-        _ => "order_id, product_name, quantity, unit_price, total_price, status (one of pending, processing, shipped, delivered, cancelled)",
+        _ => {
+            "order_id, product_name, quantity, unit_price, total_price, status (one of pending, processing, shipped, delivered, cancelled)"
+        }
     };
     let instruction = format!(
         "Extract all {records} {key} from the text below. Answer with JSON only: an object with the key \"{key}\" \
@@ -172,9 +174,9 @@ fn orders(rng: &mut Rng, n: usize) -> (&'static str, Vec<String>, Vec<Value>) {
         let status = rng.pick(STATUSES);
         let (u, t) = (cents(unit), cents(total));
         lines.push(match rng.below(3) {
-            0 => format!(
-                "Order {id} was placed for {quantity} x {product} at ${u} each, ${t} in total; it is {status}."
-            ),
+            0 => {
+                format!("Order {id} was placed for {quantity} x {product} at ${u} each, ${t} in total; it is {status}.")
+            }
             1 => format!("{id}: {quantity} units of {product}, unit price ${u}, total ${t}, status {status}."),
             _ => format!(
                 "The customer bought {quantity} {product} (order {id}) for ${u} apiece, paying ${t}. Status: {status}."

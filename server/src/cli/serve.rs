@@ -40,6 +40,9 @@ pub struct ServeArgs {
     /// Turn DSpark off for --model (the classic one-mask-per-step path).
     #[arg(long)]
     no_dspark: bool,
+    /// Batch-invariant kernels for --model: greedy answers independent of batching.
+    #[arg(long)]
+    batch_invariant: bool,
     /// GPUStack-style model entries (YAML, one `kind: Model` document each), reloaded on change.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -77,6 +80,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             dspark: !args.no_dspark,
             max_num_seqs: args.max_num_seqs,
             max_model_len: args.max_model_len,
+            batch_invariant: args.batch_invariant,
             ..EntryConfig::default()
         };
         entries.push(cli_entry(name, path, config));

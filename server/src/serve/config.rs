@@ -68,6 +68,12 @@ pub struct EntryConfig {
     /// Defaults for sampling parameters a request leaves out.
     #[serde(default)]
     pub sampling: SamplingDefaults,
+    /// Compute every row as if it were alone (no dense batch path, K-quants row by row), so
+    /// greedy answers do not depend on what else is in the batch, nor on whether forced
+    /// tokens came as a fast-forward chunk or one per step (vLLM's batch-invariant mode).
+    /// Costs prefill and large-batch speed.
+    #[serde(default)]
+    pub batch_invariant: bool,
 }
 
 fn yes() -> bool {

@@ -59,7 +59,7 @@ enum State {
 /// All entries.
 pub struct Models {
     entries: RwLock<BTreeMap<String, State>>,
-    weights: Mutex<HashMap<(PathBuf, SystemTime), Weak<Weights>>>,
+    weights: Mutex<HashMap<(PathBuf, SystemTime, bool), Weak<Weights>>>,
     metrics: Arc<Metrics>,
     generation: Mutex<u64>,
 }
@@ -108,7 +108,7 @@ impl Models {
                 json!({
                     "id": name, "object": "model", "created": created, "owned_by": "dspark", "root": entry.path.display().to_string(),
                     "max_model_len": max_len,
-                    "dspark": {"status": status, "dspark": entry.config.dspark, "error": error},
+                    "dspark": {"status": status, "dspark": entry.config.dspark, "batch_invariant": entry.config.batch_invariant, "error": error},
                 })
             })
             .collect()
@@ -173,7 +173,7 @@ impl Models {
     }
 
     fn build(&self, entry: &ModelEntry) -> anyhow::Result<Served> {
-        let weights = self.weights(&entry.path)?;
+        let weights = self.weights(&entry.path, entry.config.batch_invariant)?;
         let metrics = self.metrics.model(&entry.name);
         let worker =
             Worker::spawn(&entry.name, weights.model.clone(), weights.tokenizer.clone(), &entry.config, metrics)
@@ -186,15 +186,17 @@ impl Models {
         Ok(Served { entry: entry.clone(), worker, pools: Pools::default(), chat_template, created, _weights: weights })
     }
 
-    /// The weights of `path`, shared with any entry that already loaded the same file.
-    fn weights(&self, path: &Path) -> anyhow::Result<Arc<Weights>> {
+    /// The weights of `path`, shared with any entry that already loaded the same file with
+    /// the same kernels (`batch_invariant`).
+    fn weights(&self, path: &Path, batch_invariant: bool) -> anyhow::Result<Arc<Weights>> {
         let canonical = path.canonicalize().with_context(|| format!("model file {} not found", path.display()))?;
         let modified = std::fs::metadata(&canonical).and_then(|m| m.modified()).unwrap_or(UNIX_EPOCH);
-        let key = (canonical.clone(), modified);
+        let key = (canonical.clone(), modified, batch_invariant);
         if let Some(w) = lock(&self.weights).get(&key).and_then(Weak::upgrade) {
             return Ok(w);
         }
-        let (model, tokenizer) = load_model(CpuBackend::new(), &canonical)?;
+        let backend = if batch_invariant { CpuBackend::batch_invariant() } else { CpuBackend::new() };
+        let (model, tokenizer) = load_model(backend, &canonical)?;
         let weights = Arc::new(Weights { model: Arc::new(model), tokenizer: Arc::new(tokenizer) });
         let mut cache = lock(&self.weights);
         cache.retain(|_, w| w.strong_count() > 0);
@@ -236,8 +238,8 @@ mod tests {
     fn entries_naming_the_same_file_share_its_weights() {
         let models = Models::new(Arc::new(Metrics::default()));
         let path = dspark_tests::smollm2();
-        let a = models.weights(&path).unwrap();
-        let b = models.weights(&path).unwrap();
+        let a = models.weights(&path, false).unwrap();
+        let b = models.weights(&path, false).unwrap();
         assert!(Arc::ptr_eq(&a.model, &b.model), "a second entry must not load the weights again");
         drop((a, b));
         // Once no entry uses them, the weights are freed and a later load reads the file again.

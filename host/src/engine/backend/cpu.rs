@@ -29,6 +29,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+use super::vnni::{self, Packed};
 use super::{AttentionHeads, Backend, ForwardBatch, KvDtype, KvShape, RopeLayout, RopeTable};
 
 /// Row-major f32 activations.
@@ -53,6 +54,8 @@ pub struct CpuMatrix {
     tensor: Arc<QTensor>,
     matmul: QMatMul,
     dense: std::sync::OnceLock<QMatMul>,
+    /// Q4_1 and Q8_0 weights repacked for the AVX-512 VNNI kernels, where the CPU has them.
+    packed: Option<Packed>,
 }
 
 /// Paged K/V storage of all layers.
@@ -157,9 +160,16 @@ impl Backend for CpuBackend {
         if weight.shape().rank() != 2 {
             bail!("a weight matrix must have two dimensions, got {:?}", weight.shape());
         }
+        let packed = match weight.dtype() {
+            GgmlDType::Q4_1 | GgmlDType::Q8_0 if vnni::supported() => {
+                let (n, k) = weight.shape().dims2().map_err(candle)?;
+                Packed::new(weight.dtype(), &weight.data().map_err(candle)?, n, k)
+            }
+            _ => None,
+        };
         let tensor = Arc::new(weight);
         let matmul = QMatMul::from_arc(tensor.clone()).map_err(candle)?;
-        Ok(CpuMatrix { tensor, matmul, dense: std::sync::OnceLock::new() })
+        Ok(CpuMatrix { tensor, matmul, dense: std::sync::OnceLock::new(), packed })
     }
 
     fn vector(&self, weight: QTensor) -> anyhow::Result<Vec<f32>> {
@@ -181,7 +191,8 @@ impl Backend for CpuBackend {
     }
 
     fn matrix_bytes(&self, matrix: &CpuMatrix) -> usize {
-        matrix.tensor.storage_size_in_bytes()
+        // The bytes a product reads: the packed copy where the kernel uses it.
+        matrix.packed.as_ref().map_or_else(|| matrix.tensor.storage_size_in_bytes(), Packed::bytes)
     }
 
     fn embed(&self, table: &CpuMatrix, tokens: &[u32]) -> anyhow::Result<CpuTensor> {
@@ -216,6 +227,11 @@ impl Backend for CpuBackend {
         }
         let multiply = |rows: &[f32]| -> anyhow::Result<Vec<f32>> {
             let m = rows.len() / x.cols;
+            // The packed VNNI kernels: candle's exact results, several rows per weight read,
+            // so it also replaces the dense path.
+            if let Some(product) = weight.packed.as_ref().and_then(|p| p.matmul(rows, m)) {
+                return Ok(product);
+            }
             let input = Tensor::from_slice(rows, (m, x.cols), &Device::Cpu).map_err(candle)?;
             let product = match self.dense_min_rows {
                 Some(min)

@@ -1,0 +1,468 @@
+//! Matrix products for CPUs with AVX-512 VNNI that give exactly candle's results, for the two
+//! formats of the default model: Q4_1 (its layers) and Q8_0 (its embedding, tied to the
+//! output projection; also Qwen2.5's output and value projections).
+//!
+//! candle multiplies Q4_1 with a portable scalar loop and Q8_0 with AVX2, one row and one
+//! output at a time, re-reading and unpacking every weight block for every row. These kernels
+//! repack the weights once at load (16 output columns side by side, so one `vpdpbusd`
+//! advances 16 dot products by 4 products each) and, for a chunk of rows, unpack each weight
+//! block once and multiply it with every row of the tile. That is what makes a fast-forward
+//! chunk or a batch cost much less than its rows one by one.
+//!
+//! Both reproduce candle bit for bit, so the engine's reference tests hold whichever kernel
+//! runs. Integer dot products are exact in any order; the float steps are the same IEEE
+//! operations in the same order, one output per vector lane:
+//!
+//! ```text
+//! Q4_1 (candle's scalar loop), for every block b:
+//!     sum = sum + ((sumi_b as f32 * d_x) * d_y + m_x * s_y)        no fused multiply-add
+//! Q8_0 (candle's AVX2 loop), 8 partial sums per output, lane l over bytes 4l..4l+4:
+//!     acc_l = fma(d_x * d_y, sumi_{b,l} as f32, acc_l)
+//!     out = ((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7))
+//! ```
+//!
+//! Activations are quantised exactly as candle quantises them (Q8_1 for Q4_1, Q8_0 for Q8_0).
+//! `vpdpbusd` multiplies unsigned by signed bytes: Q4_1's nibbles are unsigned already; Q8_0's
+//! signed weights are stored plus 128 and `128 x (sum of the 4 activations)` is subtracted.
+
+use half::f16;
+
+/// Values per Q4_1 / Q8_1 block.
+const BLOCK: usize = 32;
+/// Output columns side by side in the packed layout (one 512-bit lane each).
+const LANES: usize = 16;
+/// Rows multiplied per unpacked weight block (Q4_1; Q8_0 keeps 8 accumulators per row and
+/// takes 2).
+const ROW_TILE: usize = 4;
+const ROW_TILE_Q8: usize = 2;
+
+/// A matrix repacked for one of the kernels.
+pub enum Packed {
+    /// Q4_1 weights.
+    Q4_1(PackedQ4_1),
+    /// Q8_0 weights.
+    Q8_0(PackedQ8_0),
+}
+
+impl Packed {
+    /// Repacks a `[n, k]` matrix of `dtype` from its GGUF bytes; `None` for other formats or
+    /// shapes the kernels do not take (`n` not a multiple of 16, `k` not a multiple of 32).
+    pub fn new(dtype: candle_core::quantized::GgmlDType, raw: &[u8], n: usize, k: usize) -> Option<Self> {
+        use candle_core::quantized::GgmlDType;
+        match dtype {
+            GgmlDType::Q4_1 => PackedQ4_1::new(raw, n, k).map(Self::Q4_1),
+            GgmlDType::Q8_0 => PackedQ8_0::new(raw, n, k).map(Self::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::Q4_1(p) => p.bytes(),
+            Self::Q8_0(p) => p.bytes(),
+        }
+    }
+
+    /// `x` (`rows x k`) times the matrix transposed; `None` without the CPU support.
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Option<Vec<f32>> {
+        match self {
+            Self::Q4_1(p) => p.matmul(x, rows),
+            Self::Q8_0(p) => p.matmul(x, rows),
+        }
+    }
+}
+
+/// Runs `tile(r0, r1, g)` over every (row tile, column group), spread over rayon's threads by
+/// column groups; each call writes only its own outputs.
+fn for_each_tile(rows: usize, groups: usize, row_tile: usize, work: usize, tile: impl Fn(usize, usize, usize) + Sync) {
+    let threads = rayon::current_num_threads().max(1);
+    let per_item = groups.div_ceil(threads * 2).max(1);
+    let items: Vec<(usize, usize)> = (0..groups).step_by(per_item).map(|g| (g, (g + per_item).min(groups))).collect();
+    let run = |&(g0, g1): &(usize, usize)| {
+        for r0 in (0..rows).step_by(row_tile) {
+            let r1 = (r0 + row_tile).min(rows);
+            for g in g0..g1 {
+                tile(r0, r1, g);
+            }
+        }
+    };
+    // Small products are not worth waking the pool for.
+    if items.len() == 1 || work < 1 << 16 {
+        items.iter().for_each(run);
+    } else {
+        use rayon::prelude::*;
+        items.par_iter().for_each(run);
+    }
+}
+
+/// Q4_1 weights repacked for the kernel: for each group of 16 output columns and each block,
+/// four 64-byte vectors (lane `c` of vector `j` holds bytes `4j..4j+4` of column `c`'s block,
+/// i.e. the weights of positions `4j..4j+4` in its low nibbles and `16+4j..16+4j+4` in its
+/// high nibbles), then the 16 scales and 16 minimums as f32.
+pub struct PackedQ4_1 {
+    /// Output columns (weight rows).
+    pub n: usize,
+    /// Inner dimension.
+    pub k: usize,
+    blocks: usize,
+    qs: Vec<u8>,
+    d: Vec<f32>,
+    m: Vec<f32>,
+}
+
+/// Activations quantised to Q8_1, exactly as candle's `BlockQ8_1::from_float`.
+struct Q8_1Rows {
+    blocks: usize,
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+/// Whether this CPU runs the kernel.
+pub fn supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+impl PackedQ4_1 {
+    /// Repacks a `[n, k]` Q4_1 matrix from its GGUF bytes (blocks of `d: f16, m: f16,
+    /// qs: [u8; 16]`, row by row). `None` when the shape does not suit the kernel (`n` not a
+    /// multiple of 16, `k` not a multiple of 32) or the bytes do not match it.
+    pub fn new(raw: &[u8], n: usize, k: usize) -> Option<Self> {
+        if n == 0 || !n.is_multiple_of(LANES) || k == 0 || !k.is_multiple_of(BLOCK) {
+            return None;
+        }
+        let blocks = k / BLOCK;
+        if raw.len() != n * blocks * 20 {
+            return None;
+        }
+        let groups = n / LANES;
+        let mut qs = vec![0u8; groups * blocks * 256];
+        let mut d = vec![0f32; groups * blocks * LANES];
+        let mut m = vec![0f32; groups * blocks * LANES];
+        for col in 0..n {
+            let (g, c) = (col / LANES, col % LANES);
+            for b in 0..blocks {
+                let block = &raw[(col * blocks + b) * 20..][..20];
+                let at = (g * blocks + b) * LANES + c;
+                d[at] = f16::from_le_bytes([block[0], block[1]]).to_f32();
+                m[at] = f16::from_le_bytes([block[2], block[3]]).to_f32();
+                let base = (g * blocks + b) * 256;
+                for j in 0..4 {
+                    qs[base + j * 64 + c * 4..][..4].copy_from_slice(&block[4 + 4 * j..][..4]);
+                }
+            }
+        }
+        Some(Self { n, k, blocks, qs, d, m })
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.qs.len() + 4 * (self.d.len() + self.m.len())
+    }
+
+    /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`. `None` when the CPU
+    /// lacks the instructions (see [`supported`]).
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Option<Vec<f32>> {
+        if !supported() || x.len() != rows * self.k {
+            return None;
+        }
+        let y = Q8_1Rows::quantize(x, rows, self.k);
+        let mut out = vec![0f32; rows * self.n];
+        let out_addr = out.as_mut_ptr() as usize;
+        for_each_tile(rows, self.n / LANES, ROW_TILE, rows * self.n * self.k, |r0, r1, g| {
+            // SAFETY: `supported()` was checked; each (row, group) output block is written by
+            // exactly one call, and `out` outlives them all.
+            unsafe { self.tile(&y, r0, r1, g, out_addr as *mut f32) }
+        });
+        Some(out)
+    }
+
+    /// Outputs of group `g` for rows `r0..r1` (at most [`ROW_TILE`]).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile(&self, y: &Q8_1Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let nibble = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); ROW_TILE];
+        let rows = r1 - r0;
+        for b in 0..self.blocks {
+            let gb = g * self.blocks + b;
+            let mut sums = [_mm512_setzero_si512(); ROW_TILE];
+            for j in 0..4 {
+                // SAFETY: `qs` holds 256 bytes per (group, block); j < 4.
+                let w = unsafe { _mm512_loadu_si512(self.qs.as_ptr().add(gb * 256 + j * 64).cast()) };
+                let lo = _mm512_and_si512(w, nibble);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
+                for (t, sum) in sums.iter_mut().enumerate().take(rows) {
+                    let act = &y.qs[((r0 + t) * y.blocks + b) * BLOCK..][..BLOCK];
+                    let a_lo = i32::from_le_bytes([
+                        act[4 * j] as u8,
+                        act[4 * j + 1] as u8,
+                        act[4 * j + 2] as u8,
+                        act[4 * j + 3] as u8,
+                    ]);
+                    let a_hi = i32::from_le_bytes([
+                        act[16 + 4 * j] as u8,
+                        act[17 + 4 * j] as u8,
+                        act[18 + 4 * j] as u8,
+                        act[19 + 4 * j] as u8,
+                    ]);
+                    *sum = _mm512_dpbusd_epi32(*sum, lo, _mm512_set1_epi32(a_lo));
+                    *sum = _mm512_dpbusd_epi32(*sum, hi, _mm512_set1_epi32(a_hi));
+                }
+            }
+            // SAFETY: `d` and `m` hold 16 values per (group, block).
+            let (dx, mx) = unsafe {
+                (_mm512_loadu_ps(self.d.as_ptr().add(gb * LANES)), _mm512_loadu_ps(self.m.as_ptr().add(gb * LANES)))
+            };
+            for t in 0..rows {
+                let at = (r0 + t) * y.blocks + b;
+                let p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums[t]), dx), _mm512_set1_ps(y.d[at]));
+                let q = _mm512_mul_ps(mx, _mm512_set1_ps(y.s[at]));
+                acc[t] = _mm512_add_ps(acc[t], _mm512_add_ps(p, q));
+            }
+        }
+        for (t, a) in acc.iter().enumerate().take(rows) {
+            // SAFETY: row r0 + t < rows of the output, columns g*16..g*16+16 < n.
+            unsafe { _mm512_storeu_ps(out.add((r0 + t) * self.n + g * LANES), *a) };
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn tile(&self, _: &Q8_1Rows, _: usize, _: usize, _: usize, _: *mut f32) {
+        unreachable!("matmul checks supported() first")
+    }
+}
+
+/// Q8_0 weights repacked for the kernel: for each group of 16 output columns and each block,
+/// eight 64-byte vectors (lane `c` of vector `l` holds bytes `4l..4l+4` of column `c`'s block,
+/// plus 128), then the 16 scales as f32.
+pub struct PackedQ8_0 {
+    /// Output columns (weight rows).
+    pub n: usize,
+    /// Inner dimension.
+    pub k: usize,
+    blocks: usize,
+    qs: Vec<u8>,
+    d: Vec<f32>,
+}
+
+/// Activations quantised to Q8_0 (candle's `BlockQ8_0::from_float`), with `128 x` the sum of
+/// every 4 consecutive values (the offset correction).
+struct Q8_0Rows {
+    blocks: usize,
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    offset: Vec<i32>,
+}
+
+impl PackedQ8_0 {
+    /// Repacks a `[n, k]` Q8_0 matrix from its GGUF bytes (blocks of `d: f16, qs: [i8; 32]`).
+    /// Where `k` is a multiple of 256, candle multiplies Q8_0 with its own VNNI kernel (other
+    /// numerics): those matrices are left to it (`None`).
+    pub fn new(raw: &[u8], n: usize, k: usize) -> Option<Self> {
+        if n == 0 || !n.is_multiple_of(LANES) || k == 0 || !k.is_multiple_of(BLOCK) || k.is_multiple_of(256) {
+            return None;
+        }
+        let blocks = k / BLOCK;
+        if raw.len() != n * blocks * 34 {
+            return None;
+        }
+        let groups = n / LANES;
+        let mut qs = vec![0u8; groups * blocks * 512];
+        let mut d = vec![0f32; groups * blocks * LANES];
+        for col in 0..n {
+            let (g, c) = (col / LANES, col % LANES);
+            for b in 0..blocks {
+                let block = &raw[(col * blocks + b) * 34..][..34];
+                d[(g * blocks + b) * LANES + c] = f16::from_le_bytes([block[0], block[1]]).to_f32();
+                let base = (g * blocks + b) * 512;
+                for l in 0..8 {
+                    for i in 0..4 {
+                        qs[base + l * 64 + c * 4 + i] = block[2 + 4 * l + i] ^ 0x80;
+                    }
+                }
+            }
+        }
+        Some(Self { n, k, blocks, qs, d })
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.qs.len() + 4 * self.d.len()
+    }
+
+    /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`. `None` when the CPU
+    /// lacks the instructions (see [`supported`]).
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Option<Vec<f32>> {
+        if !supported() || x.len() != rows * self.k {
+            return None;
+        }
+        let y = Q8_0Rows::quantize(x, rows, self.k);
+        let mut out = vec![0f32; rows * self.n];
+        let out_addr = out.as_mut_ptr() as usize;
+        for_each_tile(rows, self.n / LANES, ROW_TILE_Q8, rows * self.n * self.k, |r0, r1, g| {
+            // SAFETY: as for Q4_1.
+            unsafe { self.tile(&y, r0, r1, g, out_addr as *mut f32) }
+        });
+        Some(out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let rows = r1 - r0;
+        let mut acc = [[_mm512_setzero_ps(); 8]; ROW_TILE_Q8];
+        for b in 0..self.blocks {
+            let gb = g * self.blocks + b;
+            // SAFETY: 16 scales per (group, block).
+            let dx = unsafe { _mm512_loadu_ps(self.d.as_ptr().add(gb * LANES)) };
+            let mut scale = [_mm512_setzero_ps(); ROW_TILE_Q8];
+            for t in 0..rows {
+                scale[t] = _mm512_mul_ps(dx, _mm512_set1_ps(y.d[(r0 + t) * y.blocks + b]));
+            }
+            for l in 0..8 {
+                // SAFETY: 512 bytes per (group, block); l < 8.
+                let w = unsafe { _mm512_loadu_si512(self.qs.as_ptr().add(gb * 512 + l * 64).cast()) };
+                for t in 0..rows {
+                    let at = (r0 + t) * y.blocks + b;
+                    let a = &y.qs[at * BLOCK + 4 * l..][..4];
+                    let a = i32::from_le_bytes([a[0] as u8, a[1] as u8, a[2] as u8, a[3] as u8]);
+                    let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_set1_epi32(a));
+                    let sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(y.offset[at * 8 + l]));
+                    acc[t][l] = _mm512_fmadd_ps(scale[t], _mm512_cvtepi32_ps(sum), acc[t][l]);
+                }
+            }
+        }
+        for (t, a) in acc.iter().enumerate().take(rows) {
+            let s04 = _mm512_add_ps(a[0], a[4]);
+            let s15 = _mm512_add_ps(a[1], a[5]);
+            let s26 = _mm512_add_ps(a[2], a[6]);
+            let s37 = _mm512_add_ps(a[3], a[7]);
+            let total = _mm512_add_ps(_mm512_add_ps(s04, s26), _mm512_add_ps(s15, s37));
+            // SAFETY: row r0 + t < rows of the output, columns g*16..g*16+16 < n.
+            unsafe { _mm512_storeu_ps(out.add((r0 + t) * self.n + g * LANES), total) };
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn tile(&self, _: &Q8_0Rows, _: usize, _: usize, _: usize, _: *mut f32) {
+        unreachable!("matmul checks supported() first")
+    }
+}
+
+impl Q8_0Rows {
+    /// Quantises `rows x k` values as candle's `quantize_row_q8_0`: `d = amax / 127` (kept as
+    /// f16), `q = round(x / d)`.
+    fn quantize(x: &[f32], rows: usize, k: usize) -> Self {
+        let blocks = k / BLOCK;
+        let mut qs = vec![0i8; rows * k];
+        let mut d = vec![0f32; rows * blocks];
+        let mut offset = vec![0i32; rows * blocks * 8];
+        for (i, block) in x.chunks_exact(BLOCK).enumerate().take(rows * blocks) {
+            let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / 127.0;
+            let inverse = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+            d[i] = f16::from_f32(scale).to_f32();
+            let q = &mut qs[i * BLOCK..][..BLOCK];
+            for (q, &v) in q.iter_mut().zip(block) {
+                *q = f32::round(v * inverse) as i8;
+            }
+            for l in 0..8 {
+                offset[i * 8 + l] = 128 * q[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum::<i32>();
+            }
+        }
+        Self { blocks, qs, d, offset }
+    }
+}
+
+impl Q8_1Rows {
+    /// Quantises `rows x k` values block by block, as candle's `quantize_row_q8_1` does:
+    /// `d = amax / 127`, `q = round(x / d)`, `s = f16(sum q) * f16(d)` rounded to f16.
+    fn quantize(x: &[f32], rows: usize, k: usize) -> Self {
+        let blocks = k / BLOCK;
+        let mut qs = vec![0i8; rows * k];
+        let mut d = vec![0f32; rows * blocks];
+        let mut s = vec![0f32; rows * blocks];
+        for (i, block) in x.chunks_exact(BLOCK).enumerate().take(rows * blocks) {
+            let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / 127.0;
+            let inverse = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+            let dh = f16::from_f32(scale);
+            let mut sum = 0i32;
+            for (q, &v) in qs[i * BLOCK..][..BLOCK].iter_mut().zip(block) {
+                *q = f32::round(v * inverse) as i8;
+                sum += *q as i32;
+            }
+            d[i] = dh.to_f32();
+            s[i] = (f16::from_f32(sum as f32) * dh).to_f32();
+        }
+        Self { blocks, qs, d, s }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn both_kernels_match_candle_bit_for_bit() {
+        if !supported() {
+            eprintln!("this CPU has no AVX-512 VNNI: the kernel is not used here, nothing to compare");
+            return;
+        }
+        for (dtype, (n, k)) in [GgmlDType::Q4_1, GgmlDType::Q8_0]
+            .into_iter()
+            .flat_map(|d| [(16usize, 64usize), (64, 576), (192, 576), (48, 1472), (32, 896)].map(|s| (d, s)))
+        {
+            let w = Tensor::from_vec(values(n * k, n as u64 + k as u64), (n, k), &Device::Cpu).unwrap();
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let packed = Packed::new(dtype, &q.data().unwrap(), n, k).unwrap();
+            let reference = QMatMul::from_qtensor(q).unwrap();
+            for rows in [1usize, 2, 5, 8, 17] {
+                let x = values(rows * k, rows as u64 * 31 + n as u64);
+                let input = Tensor::from_slice(&x, (rows, k), &Device::Cpu).unwrap();
+                let expected: Vec<f32> = reference.forward(&input).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                let got = packed.matmul(&x, rows).unwrap();
+                let same = expected.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{dtype:?}, {rows} rows of [{n}, {k}]: {:?} vs {:?}", &expected[..4], &got[..4]);
+            }
+        }
+    }
+
+    #[test]
+    fn shapes_the_kernels_cannot_take_are_refused() {
+        assert!(PackedQ4_1::new(&[0; 20 * 15], 15, 32).is_none());
+        assert!(PackedQ4_1::new(&[0; 20 * 16], 16, 33).is_none());
+        assert!(PackedQ4_1::new(&[0; 7], 16, 32).is_none());
+        assert!(PackedQ8_0::new(&[0; 34 * 15], 15, 32).is_none());
+        assert!(PackedQ8_0::new(&[0; 34 * 16 * 8], 16, 256).is_none(), "candle's own kernel takes k = 256n");
+        assert!(Packed::new(GgmlDType::Q4K, &[0; 144 * 16], 16, 256).is_none());
+    }
+}
