@@ -3,7 +3,8 @@
 //!
 //! - `orders`: the reference test of the published DSpark figure. A text describes N orders
 //!   (order id, product, quantity, unit price, total price, status) in varied sentences; the
-//!   model extracts them into `{"orders": [...]}` under a fixed schema.
+//!   model extracts them into `{"orders": [...]}` under a fixed schema. The order id has the
+//!   pattern the text uses (`ORD-` and four digits), as a schema written for this data would.
 //! - `users`: the same shape with N users (id, name, age, email).
 //! - `text`: the `orders` prompts with no constraint (the model's unconstrained speed on the
 //!   same inputs).
@@ -92,7 +93,7 @@ pub fn schema(workload: Workload) -> Value {
             "properties": {"orders": {"type": "array", "items": {
                 "type": "object",
                 "properties": {
-                    "order_id": {"type": "string"},
+                    "order_id": {"type": "string", "pattern": "^ORD-[0-9]{4}$"},
                     "product_name": {"type": "string"},
                     "quantity": {"type": "integer"},
                     "unit_price": {"type": "number"},

@@ -71,9 +71,30 @@ enum LayerKv {
 }
 
 /// An element type of the KV cache.
-trait KvElement: Copy + Send + Sync {
+trait KvElement: Copy + Send + Sync + simd::Load8 {
     fn load(src: &[Self], dst: &mut [f32]);
     fn store(src: &[f32], dst: &mut [Self]);
+
+    /// `query . key` in the summation order of candle's kernel for one query row (see
+    /// [`horizontal_dot`] and [`lane_dot`]); `buffer` is scratch of the key's length.
+    fn dot(query: &[f32], key: &[Self], horizontal: bool, buffer: &mut [f32]) -> f32 {
+        if simd::AVAILABLE {
+            // SAFETY: the build enables AVX2, FMA and F16C (checked by `AVAILABLE`).
+            return unsafe { if horizontal { simd::horizontal_dot(query, key) } else { simd::lane_dot(query, key) } };
+        }
+        Self::load(key, buffer);
+        if horizontal { horizontal_dot(query, buffer) } else { lane_dot(query, buffer) }
+    }
+
+    /// `out += weight * value`, one fused multiply-add per element.
+    fn axpy(weight: f32, value: &[Self], out: &mut [f32], buffer: &mut [f32]) {
+        if simd::AVAILABLE {
+            // SAFETY: as in `dot`.
+            return unsafe { simd::axpy(weight, value, out) };
+        }
+        Self::load(value, buffer);
+        out.iter_mut().zip(buffer.iter()).for_each(|(o, v)| *o = weight.mul_add(*v, *o));
+    }
 }
 
 impl KvElement for f16 {
@@ -444,10 +465,10 @@ fn attend<T: KvElement>(
             let mut max = f32::NEG_INFINITY;
             // Every row is computed as if it were decoded alone: the same numbers whether it
             // comes in a prefill chunk, a fast-forward chunk or a decode step.
-            let dot = if position < HORIZONTAL_MAX_KEYS { horizontal_dot } else { lane_dot };
+            let horizontal = position < HORIZONTAL_MAX_KEYS;
             for j in 0..=position {
-                T::load(&keys[offset(j)..][..head_dim], buffer);
-                let score = dot(query, buffer) * scale;
+                let key = &keys[offset(j)..][..head_dim];
+                let score = T::dot(query, key, horizontal, buffer) * scale;
                 max = max.max(score);
                 scores.push(score);
             }
@@ -455,10 +476,12 @@ fn attend<T: KvElement>(
                 *s = (*s - max).exp();
             }
             let total = lane_sum(scores);
-            for (j, &weight) in scores.iter().enumerate() {
-                T::load(&values[offset(j)..][..head_dim], buffer);
-                let weight = weight / total;
-                out.iter_mut().zip(buffer.iter()).for_each(|(o, v)| *o = weight.mul_add(*v, *o));
+            let weighted = scores.iter().enumerate().map(|(j, &w)| (w / total, &values[offset(j)..][..head_dim]));
+            // SAFETY: `weighted_sum` checks the build's features and the head size itself.
+            if !unsafe { simd::weighted_sum(weighted.clone(), out) } {
+                for (weight, value) in weighted {
+                    T::axpy(weight, value, out, buffer);
+                }
             }
         },
     );
@@ -485,6 +508,220 @@ fn lane_sum(xs: &[f32]) -> f32 {
         sum += v;
     }
     sum
+}
+
+/// AVX2 versions of the attention loops, bit-identical to the scalar ones (the same fused
+/// multiply-adds lane by lane, the same reductions): the scalar loops do not vectorise and
+/// attention over long contexts dominated serving steps.
+mod simd {
+    use half::f16;
+
+    /// Whether the build can run the vector versions (x86-64-v3, see `.cargo/config.toml`).
+    pub const AVAILABLE: bool =
+        cfg!(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"));
+
+    /// Eight cache elements as f32.
+    pub trait Load8: Sized {
+        /// # Safety
+        /// `src` has at least 8 readable elements; the CPU has AVX2 and F16C.
+        #[cfg(target_arch = "x86_64")]
+        unsafe fn load8(src: *const Self) -> std::arch::x86_64::__m256;
+        /// One element as f32.
+        fn to_f32(self) -> f32;
+    }
+
+    impl Load8 for f32 {
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn load8(src: *const f32) -> std::arch::x86_64::__m256 {
+            // SAFETY: the caller guarantees 8 readable values.
+            unsafe { std::arch::x86_64::_mm256_loadu_ps(src) }
+        }
+        fn to_f32(self) -> f32 {
+            self
+        }
+    }
+
+    impl Load8 for f16 {
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn load8(src: *const f16) -> std::arch::x86_64::__m256 {
+            use std::arch::x86_64::*;
+            // SAFETY: the caller guarantees 8 readable halves and F16C.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(src.cast())) }
+        }
+        fn to_f32(self) -> f32 {
+            f16::to_f32(self)
+        }
+    }
+
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    mod x86 {
+        use super::Load8;
+        use std::arch::x86_64::*;
+
+        #[inline(always)]
+        unsafe fn lanes(v: __m256) -> [f32; 8] {
+            let mut out = [0f32; 8];
+            // SAFETY: 8 floats of room.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+            out
+        }
+
+        /// [`super::super::horizontal_dot`].
+        pub unsafe fn horizontal_dot<T: Load8 + Copy>(a: &[f32], b: &[T]) -> f32 {
+            let k = a.len().min(b.len());
+            let full = k / 8 * 8;
+            // SAFETY: every load reads 8 elements below `full <= k`.
+            let mut acc = unsafe {
+                let mut acc = _mm256_setzero_ps();
+                let mut at = 0;
+                while at < full {
+                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(at)), T::load8(b.as_ptr().add(at)), acc);
+                    at += 8;
+                }
+                lanes(acc)
+            };
+            for at in full..k {
+                acc[at % 8] = a[at].mul_add(b[at].to_f32(), acc[at % 8]);
+            }
+            let x: [f32; 4] = std::array::from_fn(|l| acc[l] + acc[l + 4]);
+            (x[0] + x[2]) + (x[1] + x[3])
+        }
+
+        /// [`super::super::lane_dot`].
+        pub unsafe fn lane_dot<T: Load8 + Copy>(a: &[f32], b: &[T]) -> f32 {
+            let k = a.len().min(b.len());
+            let mut depth = 0;
+            // SAFETY: every load reads 8 elements below `k`.
+            let mut lanes8 = unsafe {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                while depth + 64 <= k {
+                    for (i, v) in acc.iter_mut().enumerate() {
+                        let at = depth + 8 * i;
+                        *v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(at)), T::load8(b.as_ptr().add(at)), *v);
+                    }
+                    depth += 64;
+                }
+                let pair = |x: usize, y: usize| _mm256_add_ps(acc[x], acc[y]);
+                let mut v = _mm256_add_ps(_mm256_add_ps(pair(0, 1), pair(2, 3)), _mm256_add_ps(pair(4, 5), pair(6, 7)));
+                while depth + 8 <= k {
+                    v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(depth)), T::load8(b.as_ptr().add(depth)), v);
+                    depth += 8;
+                }
+                lanes(v)
+            };
+            let mut sum = lanes8[0];
+            for v in &mut lanes8[1..] {
+                sum += *v;
+            }
+            for at in depth..k {
+                sum = a[at].mul_add(b[at].to_f32(), sum);
+            }
+            sum
+        }
+
+        /// `out += sum weight * value` over `N` vectors of 8, `out` in registers.
+        #[inline(always)]
+        pub unsafe fn weighted_sum<'a, T: Load8 + Copy + 'a, const N: usize>(
+            terms: impl Iterator<Item = (f32, &'a [T])>,
+            out: &mut [f32],
+        ) {
+            // SAFETY: `out` has 8N elements and so has every value (the caller's promise).
+            unsafe {
+                let mut acc: [__m256; N] = std::array::from_fn(|i| _mm256_loadu_ps(out.as_ptr().add(8 * i)));
+                for (weight, value) in terms {
+                    let w = _mm256_set1_ps(weight);
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(w, T::load8(value.as_ptr().add(8 * i)), *a);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * i), *a);
+                }
+            }
+        }
+
+        /// `out += weight * value`.
+        pub unsafe fn axpy<T: Load8 + Copy>(weight: f32, value: &[T], out: &mut [f32]) {
+            let k = out.len().min(value.len());
+            let full = k / 8 * 8;
+            // SAFETY: every access covers 8 elements below `full <= k`.
+            unsafe {
+                let w = _mm256_set1_ps(weight);
+                let mut at = 0;
+                while at < full {
+                    let o = out.as_mut_ptr().add(at);
+                    _mm256_storeu_ps(o, _mm256_fmadd_ps(w, T::load8(value.as_ptr().add(at)), _mm256_loadu_ps(o)));
+                    at += 8;
+                }
+            }
+            for at in full..k {
+                out[at] = weight.mul_add(value[at].to_f32(), out[at]);
+            }
+        }
+    }
+
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+    pub use x86::{axpy, horizontal_dot, lane_dot};
+
+    /// `out += sum_j weight_j * value_j`, in key order per element (the same fused
+    /// multiply-adds as [`axpy`] key by key), with `out` held in registers across the keys.
+    /// Returns false, doing nothing, where the build or the head size does not suit it
+    /// (head sizes 32, 64, 96, 128).
+    ///
+    /// # Safety
+    /// Every value has `out.len()` elements.
+    pub unsafe fn weighted_sum<'a, T: Load8 + Copy + 'a>(
+        terms: impl Iterator<Item = (f32, &'a [T])>,
+        out: &mut [f32],
+    ) -> bool {
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+        {
+            // SAFETY: the caller's promise, and the build's features.
+            unsafe {
+                match out.len() {
+                    32 => x86::weighted_sum::<T, 4>(terms, out),
+                    64 => x86::weighted_sum::<T, 8>(terms, out),
+                    96 => x86::weighted_sum::<T, 12>(terms, out),
+                    128 => x86::weighted_sum::<T, 16>(terms, out),
+                    _ => return false,
+                }
+            }
+            true
+        }
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma",
+            target_feature = "f16c"
+        )))]
+        {
+            let _ = (terms, out);
+            false
+        }
+    }
+
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
+    mod fallback {
+        use super::Load8;
+        pub unsafe fn horizontal_dot<T: Load8 + Copy>(_: &[f32], _: &[T]) -> f32 {
+            unreachable!("AVAILABLE is false")
+        }
+        pub unsafe fn lane_dot<T: Load8 + Copy>(_: &[f32], _: &[T]) -> f32 {
+            unreachable!("AVAILABLE is false")
+        }
+        pub unsafe fn axpy<T: Load8 + Copy>(_: f32, _: &[T], _: &mut [f32]) {
+            unreachable!("AVAILABLE is false")
+        }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )))]
+    pub use fallback::{axpy, horizontal_dot, lane_dot};
 }
 
 /// Up to this many keys, candle's GEMM computes a single query's scores with its
@@ -536,4 +773,59 @@ fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
         sum = a[at].mul_add(b[at], sum);
     }
     sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The vector attention loops give the scalar loops' results bit for bit, for f32 and f16
+    /// caches and lengths with and without tails.
+    #[test]
+    fn vector_attention_loops_equal_the_scalar_ones() {
+        assert!(simd::AVAILABLE, "the build should enable AVX2/FMA/F16C (.cargo/config.toml)");
+        for k in [8usize, 13, 64, 72, 130, 200] {
+            let q = values(k, k as u32);
+            let keys = values(k, 7 * k as u32);
+            let halves: Vec<f16> = keys.iter().map(|&v| f16::from_f32(v)).collect();
+            let widened: Vec<f32> = halves.iter().map(|h| h.to_f32()).collect();
+            let mut buffer = vec![0f32; k];
+            for horizontal in [true, false] {
+                let scalar = if horizontal { horizontal_dot(&q, &keys) } else { lane_dot(&q, &keys) };
+                assert_eq!(f32::dot(&q, &keys, horizontal, &mut buffer).to_bits(), scalar.to_bits(), "f32, k {k}");
+                let scalar = if horizontal { horizontal_dot(&q, &widened) } else { lane_dot(&q, &widened) };
+                assert_eq!(f16::dot(&q, &halves, horizontal, &mut buffer).to_bits(), scalar.to_bits(), "f16, k {k}");
+            }
+            let (mut fast, mut slow) = (q.clone(), q.clone());
+            f16::axpy(0.37, &halves, &mut fast, &mut buffer);
+            slow.iter_mut().zip(&widened).for_each(|(o, v)| *o = 0.37f32.mul_add(*v, *o));
+            assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()), "axpy, k {k}");
+            if k == 64 {
+                let rows: Vec<Vec<f16>> =
+                    (0..40).map(|j| values(k, 99 + j).iter().map(|&v| f16::from_f32(v)).collect()).collect();
+                let weights = values(40, 5);
+                let (mut fast, mut slow) = (q.clone(), q.clone());
+                let terms = weights.iter().zip(&rows).map(|(&w, r)| (w, r.as_slice()));
+                assert!(unsafe { simd::weighted_sum(terms.clone(), &mut fast) });
+                for (w, r) in terms {
+                    for (o, v) in slow.iter_mut().zip(r) {
+                        *o = w.mul_add(v.to_f32(), *o);
+                    }
+                }
+                assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()), "weighted sum");
+            }
+        }
+    }
 }
