@@ -239,8 +239,11 @@ pub struct LlmEngine<B: Backend> {
     stats: EngineStats,
 }
 
+/// A constraint's answer to "which tokens next".
+type MaskResult = anyhow::Result<Option<Mask>>;
+
 /// A mask computed ahead of sampling, with the constraint that computed it.
-type Precomputed = (SeqId, Box<dyn SequenceConstraint>, anyhow::Result<Option<Mask>>);
+type Precomputed = (SeqId, Box<dyn SequenceConstraint>, MaskResult);
 
 impl<B: Backend> LlmEngine<B> {
     /// An engine over a loaded model. Fails when the limits cannot be met (e.g. a KV cache
@@ -429,7 +432,7 @@ impl<B: Backend> LlmEngine<B> {
         &mut self,
         batch: &ForwardBatch,
         sampled: &[SeqId],
-    ) -> (anyhow::Result<Vec<f32>>, HashMap<SeqId, anyhow::Result<Option<Mask>>>) {
+    ) -> (anyhow::Result<Vec<f32>>, HashMap<SeqId, MaskResult>) {
         let mut jobs: Vec<(SeqId, Box<dyn SequenceConstraint>)> = Vec::new();
         if self.overlap_masks {
             for &id in sampled {

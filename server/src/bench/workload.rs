@@ -286,7 +286,7 @@ mod tests {
         answer["users"][1]["age"] = json!(999);
         let s = score(&p, &validator, &answer.to_string());
         assert_eq!((s.valid_json, s.schema_valid, s.records_right), (true, true, 2));
-        assert_eq!(score(&p, &validator, "{\"users\": [").valid_json, false);
+        assert!(!score(&p, &validator, "{\"users\": [").valid_json);
         let s = score(&p, &validator, "{\"people\": []}");
         assert_eq!((s.valid_json, s.schema_valid, s.records_right), (true, false, 0));
     }

