@@ -114,7 +114,8 @@ pub struct PackedQ4_1 {
 /// Activations quantised to Q8_1, exactly as candle's `BlockQ8_1::from_float`.
 struct Q8_1Rows {
     blocks: usize,
-    qs: Vec<i8>,
+    /// The quantised values as little-endian 4-byte words (8 per block), the broadcast unit.
+    words: Vec<i32>,
     d: Vec<f32>,
     s: Vec<f32>,
 }
@@ -197,30 +198,22 @@ impl PackedQ4_1 {
         let rows = r1 - r0;
         for b in 0..self.blocks {
             let gb = g * self.blocks + b;
-            let mut sums = [_mm512_setzero_si512(); ROW_TILE];
+            // Two integer accumulators per row (low and high nibbles), added at the end:
+            // integer sums are exact in any order, and two chains keep `vpdpbusd` busy.
+            let mut lo_sums = [_mm512_setzero_si512(); ROW_TILE];
+            let mut hi_sums = [_mm512_setzero_si512(); ROW_TILE];
             for j in 0..4 {
                 // SAFETY: `qs` holds 256 bytes per (group, block); j < 4.
                 let w = unsafe { _mm512_loadu_si512(self.qs.as_ptr().add(gb * 256 + j * 64).cast()) };
                 let lo = _mm512_and_si512(w, nibble);
                 let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
-                for (t, sum) in sums.iter_mut().enumerate().take(rows) {
-                    let act = &y.qs[((r0 + t) * y.blocks + b) * BLOCK..][..BLOCK];
-                    let a_lo = i32::from_le_bytes([
-                        act[4 * j] as u8,
-                        act[4 * j + 1] as u8,
-                        act[4 * j + 2] as u8,
-                        act[4 * j + 3] as u8,
-                    ]);
-                    let a_hi = i32::from_le_bytes([
-                        act[16 + 4 * j] as u8,
-                        act[17 + 4 * j] as u8,
-                        act[18 + 4 * j] as u8,
-                        act[19 + 4 * j] as u8,
-                    ]);
-                    *sum = _mm512_dpbusd_epi32(*sum, lo, _mm512_set1_epi32(a_lo));
-                    *sum = _mm512_dpbusd_epi32(*sum, hi, _mm512_set1_epi32(a_hi));
+                for t in 0..rows {
+                    let words = &y.words[((r0 + t) * y.blocks + b) * 8..][..8];
+                    lo_sums[t] = _mm512_dpbusd_epi32(lo_sums[t], lo, _mm512_set1_epi32(words[j]));
+                    hi_sums[t] = _mm512_dpbusd_epi32(hi_sums[t], hi, _mm512_set1_epi32(words[4 + j]));
                 }
             }
+            let sums: [__m512i; ROW_TILE] = std::array::from_fn(|t| _mm512_add_epi32(lo_sums[t], hi_sums[t]));
             // SAFETY: `d` and `m` hold 16 values per (group, block).
             let (dx, mx) = unsafe {
                 (_mm512_loadu_ps(self.d.as_ptr().add(gb * LANES)), _mm512_loadu_ps(self.m.as_ptr().add(gb * LANES)))
@@ -261,7 +254,8 @@ pub struct PackedQ8_0 {
 /// every 4 consecutive values (the offset correction).
 struct Q8_0Rows {
     blocks: usize,
-    qs: Vec<i8>,
+    /// The quantised values as little-endian 4-byte words (8 per block).
+    words: Vec<i32>,
     d: Vec<f32>,
     offset: Vec<i32>,
 }
@@ -338,8 +332,7 @@ impl PackedQ8_0 {
                 let w = unsafe { _mm512_loadu_si512(self.qs.as_ptr().add(gb * 512 + l * 64).cast()) };
                 for t in 0..rows {
                     let at = (r0 + t) * y.blocks + b;
-                    let a = &y.qs[at * BLOCK + 4 * l..][..4];
-                    let a = i32::from_le_bytes([a[0] as u8, a[1] as u8, a[2] as u8, a[3] as u8]);
+                    let a = y.words[at * 8 + l];
                     let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_set1_epi32(a));
                     let sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(y.offset[at * 8 + l]));
                     acc[t][l] = _mm512_fmadd_ps(scale[t], _mm512_cvtepi32_ps(sum), acc[t][l]);
@@ -384,7 +377,9 @@ impl Q8_0Rows {
                 offset[i * 8 + l] = 128 * q[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum::<i32>();
             }
         }
-        Self { blocks, qs, d, offset }
+        let words =
+            qs.chunks_exact(4).map(|w| i32::from_le_bytes([w[0] as u8, w[1] as u8, w[2] as u8, w[3] as u8])).collect();
+        Self { blocks, words, d, offset }
     }
 }
 
@@ -409,7 +404,9 @@ impl Q8_1Rows {
             d[i] = dh.to_f32();
             s[i] = (f16::from_f32(sum as f32) * dh).to_f32();
         }
-        Self { blocks, qs, d, s }
+        let words =
+            qs.chunks_exact(4).map(|w| i32::from_le_bytes([w[0] as u8, w[1] as u8, w[2] as u8, w[3] as u8])).collect();
+        Self { blocks, words, d, s }
     }
 }
 
