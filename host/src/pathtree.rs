@@ -70,6 +70,16 @@ pub struct TreeStats {
     pub evicted_nodes: u64,
 }
 
+impl TreeStats {
+    fn count(&mut self, hit: bool) {
+        if hit {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+        }
+    }
+}
+
 /// The lazily grown graph of one compiled constraint (see the module docs).
 pub struct PathTree {
     start: Option<Edge>,
@@ -169,11 +179,7 @@ impl PathTree {
     }
 
     fn count(&mut self, hit: bool) {
-        if hit {
-            self.stats.hits += 1;
-        } else {
-            self.stats.misses += 1;
-        }
+        self.stats.count(hit);
     }
 
     fn node(&mut self, key: u64) -> &mut Node {
@@ -325,11 +331,7 @@ impl TreeWalker {
     }
 
     fn count(&mut self, hit: bool) {
-        if hit {
-            self.stats.hits += 1;
-        } else {
-            self.stats.misses += 1;
-        }
+        self.stats.count(hit);
     }
 
     /// The span that starts the output.

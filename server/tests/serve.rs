@@ -27,6 +27,20 @@ fn chat(extra: Value) -> Value {
     body
 }
 
+/// POSTs a streaming chat request; checks the status and content type; returns the events.
+fn stream(addr: std::net::SocketAddr, body: &Value) -> Vec<String> {
+    let response = http::send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(response.status, 200);
+    assert!(response.header("content-type").unwrap().starts_with("text/event-stream"));
+    response.events()
+}
+
 fn content(response: &Value) -> &str {
     response["choices"][0]["message"]["content"].as_str().unwrap()
 }
@@ -111,16 +125,7 @@ fn structured_outputs_validate_and_stream() {
     let body = chat(
         json!({"stream": true, "stream_options": {"include_usage": true}, "max_tokens": 24, "response_format": format}),
     );
-    let response = http::send(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(response.status, 200);
-    assert!(response.header("content-type").unwrap().starts_with("text/event-stream"));
-    let events = response.events();
+    let events = stream(addr, &body);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
     let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
     let usage = chunks.last().unwrap();
@@ -139,14 +144,7 @@ fn structured_outputs_validate_and_stream() {
     // A fast-forwarded span reaches a streaming client as one delta: with logprobs on, some
     // delta carries several tokens (the sampled one and the forced ones after it).
     let body = chat(json!({"stream": true, "logprobs": true, "max_tokens": 40, "response_format": format}));
-    let response = http::send(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
-    let events = response.events();
+    let events = stream(addr, &body);
     let widest = events[..events.len() - 1]
         .iter()
         .map(|e| serde_json::from_str::<Value>(e).unwrap())
