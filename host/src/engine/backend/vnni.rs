@@ -1,8 +1,9 @@
-//! Matrix products for CPUs with AVX-512 VNNI that give exactly candle's results, for the two
-//! formats of the default model: Q4_1 (its layers) and Q8_0 (its embedding, tied to the
-//! output projection; also Qwen2.5's output and value projections).
+//! Matrix products for CPUs with AVX-512 VNNI that give exactly candle's results, for the
+//! formats of the two test models: Q4_1 (SmolLM2's layers), Q8_0 (SmolLM2's embedding, tied
+//! to the output projection; Qwen2.5's output and value projections) and Q5_0 (most of
+//! Qwen2.5's layers).
 //!
-//! candle multiplies Q4_1 with a portable scalar loop and Q8_0 with AVX2, one row and one
+//! candle multiplies Q4_1 and Q5_0 with portable scalar loops and Q8_0 with AVX2, one row and one
 //! output at a time, re-reading and unpacking every weight block for every row. These kernels
 //! repack the weights once at load (16 output columns side by side, so one `vpdpbusd`
 //! advances 16 dot products by 4 products each) and, for a chunk of rows, unpack each weight
@@ -16,6 +17,8 @@
 //! ```text
 //! Q4_1 (candle's scalar loop), for every block b:
 //!     sum = sum + ((sumi_b as f32 * d_x) * d_y + m_x * s_y)        no fused multiply-add
+//! Q5_0 (candle's scalar loop), for every block b:
+//!     sum = sum + (sumi_b as f32 * d_x) * d_y
 //! Q8_0 (candle's AVX2 loop), 8 partial sums per output, lane l over bytes 4l..4l+4:
 //!     acc_l = fma(d_x * d_y, sumi_{b,l} as f32, acc_l)
 //!     out = ((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7))
@@ -23,7 +26,8 @@
 //!
 //! Activations are quantised exactly as candle quantises them (Q8_1 for Q4_1, Q8_0 for Q8_0).
 //! `vpdpbusd` multiplies unsigned by signed bytes: Q4_1's nibbles are unsigned already; Q8_0's
-//! signed weights are stored plus 128 and `128 x (sum of the 4 activations)` is subtracted.
+//! signed weights are stored plus 128 and `128 x (sum of the 4 activations)` is subtracted,
+//! Q5_0's plus 16 and `16 x (sum of the block's activations)`.
 
 use half::f16;
 
@@ -42,6 +46,8 @@ pub enum Packed {
     Q4_1(PackedQ4_1),
     /// Q8_0 weights.
     Q8_0(PackedQ8_0),
+    /// Q5_0 weights.
+    Q5_0(PackedQ5_0),
 }
 
 impl Packed {
@@ -52,6 +58,7 @@ impl Packed {
         match dtype {
             GgmlDType::Q4_1 => PackedQ4_1::new(raw, n, k).map(Self::Q4_1),
             GgmlDType::Q8_0 => PackedQ8_0::new(raw, n, k).map(Self::Q8_0),
+            GgmlDType::Q5_0 => PackedQ5_0::new(raw, n, k).map(Self::Q5_0),
             _ => None,
         }
     }
@@ -61,6 +68,7 @@ impl Packed {
         match self {
             Self::Q4_1(p) => p.bytes(),
             Self::Q8_0(p) => p.bytes(),
+            Self::Q5_0(p) => p.bytes(),
         }
     }
 
@@ -69,6 +77,7 @@ impl Packed {
         match self {
             Self::Q4_1(p) => p.matmul(x, rows),
             Self::Q8_0(p) => p.matmul(x, rows),
+            Self::Q5_0(p) => p.matmul(x, rows),
         }
     }
 }
@@ -258,6 +267,8 @@ struct Q8_0Rows {
     words: Vec<i32>,
     d: Vec<f32>,
     offset: Vec<i32>,
+    /// The sum of each block's values (Q5_0's offset correction).
+    sums: Vec<i32>,
 }
 
 impl PackedQ8_0 {
@@ -356,6 +367,120 @@ impl PackedQ8_0 {
     }
 }
 
+/// Q5_0 weights repacked for the kernel: the 5-bit values unpacked to bytes plus 16 (0..31),
+/// laid out as Q8_0's (eight 64-byte vectors per group of 16 columns and block), then the 16
+/// scales. candle multiplies Q5_0 with a scalar loop:
+/// `sum = sum + (sumi as f32 * d_x) * d_y` per block, reproduced here one output per lane.
+pub struct PackedQ5_0 {
+    /// Output columns (weight rows).
+    pub n: usize,
+    /// Inner dimension.
+    pub k: usize,
+    blocks: usize,
+    qs: Vec<u8>,
+    d: Vec<f32>,
+}
+
+impl PackedQ5_0 {
+    /// Repacks a `[n, k]` Q5_0 matrix from its GGUF bytes (blocks of `d: f16, qh: [u8; 4],
+    /// qs: [u8; 16]`).
+    pub fn new(raw: &[u8], n: usize, k: usize) -> Option<Self> {
+        if n == 0 || !n.is_multiple_of(LANES) || k == 0 || !k.is_multiple_of(BLOCK) {
+            return None;
+        }
+        let blocks = k / BLOCK;
+        if raw.len() != n * blocks * 22 {
+            return None;
+        }
+        let groups = n / LANES;
+        let mut qs = vec![0u8; groups * blocks * 512];
+        let mut d = vec![0f32; groups * blocks * LANES];
+        for col in 0..n {
+            let (g, c) = (col / LANES, col % LANES);
+            for b in 0..blocks {
+                let block = &raw[(col * blocks + b) * 22..][..22];
+                d[(g * blocks + b) * LANES + c] = f16::from_le_bytes([block[0], block[1]]).to_f32();
+                let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                let nibbles = &block[6..22];
+                let mut value = [0u8; BLOCK];
+                for j in 0..16 {
+                    value[j] = (nibbles[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+                    value[j + 16] = (nibbles[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                }
+                let base = (g * blocks + b) * 512;
+                for l in 0..8 {
+                    qs[base + l * 64 + c * 4..][..4].copy_from_slice(&value[4 * l..4 * l + 4]);
+                }
+            }
+        }
+        Some(Self { n, k, blocks, qs, d })
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.qs.len() + 4 * self.d.len()
+    }
+
+    /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`. `None` when the CPU
+    /// lacks the instructions (see [`supported`]).
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Option<Vec<f32>> {
+        if !supported() || x.len() != rows * self.k {
+            return None;
+        }
+        let y = Q8_0Rows::quantize(x, rows, self.k);
+        let mut out = vec![0f32; rows * self.n];
+        let out_addr = out.as_mut_ptr() as usize;
+        for_each_tile(rows, self.n / LANES, ROW_TILE, rows * self.n * self.k, |r0, r1, g| {
+            // SAFETY: as for Q4_1.
+            unsafe { self.tile(&y, r0, r1, g, out_addr as *mut f32) }
+        });
+        Some(out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let rows = r1 - r0;
+        let mut acc = [_mm512_setzero_ps(); ROW_TILE];
+        for b in 0..self.blocks {
+            let gb = g * self.blocks + b;
+            let mut even = [_mm512_setzero_si512(); ROW_TILE];
+            let mut odd = [_mm512_setzero_si512(); ROW_TILE];
+            for l in 0..8 {
+                // SAFETY: 512 bytes per (group, block); l < 8.
+                let w = unsafe { _mm512_loadu_si512(self.qs.as_ptr().add(gb * 512 + l * 64).cast()) };
+                for t in 0..rows {
+                    let a = _mm512_set1_epi32(y.words[((r0 + t) * y.blocks + b) * 8 + l]);
+                    if l % 2 == 0 {
+                        even[t] = _mm512_dpbusd_epi32(even[t], w, a);
+                    } else {
+                        odd[t] = _mm512_dpbusd_epi32(odd[t], w, a);
+                    }
+                }
+            }
+            // SAFETY: 16 scales per (group, block).
+            let dx = unsafe { _mm512_loadu_ps(self.d.as_ptr().add(gb * LANES)) };
+            for (t, a) in acc.iter_mut().enumerate().take(rows) {
+                let at = (r0 + t) * y.blocks + b;
+                // The stored values are the weights plus 16: take 16 x the activations' sum.
+                let sum = _mm512_sub_epi32(_mm512_add_epi32(even[t], odd[t]), _mm512_set1_epi32(16 * y.sums[at]));
+                let p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), dx), _mm512_set1_ps(y.d[at]));
+                *a = _mm512_add_ps(*a, p);
+            }
+        }
+        for (t, a) in acc.iter().enumerate().take(rows) {
+            // SAFETY: row r0 + t < rows of the output, columns g*16..g*16+16 < n.
+            unsafe { _mm512_storeu_ps(out.add((r0 + t) * self.n + g * LANES), *a) };
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn tile(&self, _: &Q8_0Rows, _: usize, _: usize, _: usize, _: *mut f32) {
+        unreachable!("matmul checks supported() first")
+    }
+}
+
 impl Q8_0Rows {
     /// Quantises `rows x k` values as candle's `quantize_row_q8_0`: `d = amax / 127` (kept as
     /// f16), `q = round(x / d)`.
@@ -364,6 +489,7 @@ impl Q8_0Rows {
         let mut qs = vec![0i8; rows * k];
         let mut d = vec![0f32; rows * blocks];
         let mut offset = vec![0i32; rows * blocks * 8];
+        let mut sums = vec![0i32; rows * blocks];
         for (i, block) in x.chunks_exact(BLOCK).enumerate().take(rows * blocks) {
             let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
             let scale = amax / 127.0;
@@ -376,10 +502,11 @@ impl Q8_0Rows {
             for l in 0..8 {
                 offset[i * 8 + l] = 128 * q[4 * l..4 * l + 4].iter().map(|&v| v as i32).sum::<i32>();
             }
+            sums[i] = q.iter().map(|&v| v as i32).sum();
         }
         let words =
             qs.chunks_exact(4).map(|w| i32::from_le_bytes([w[0] as u8, w[1] as u8, w[2] as u8, w[3] as u8])).collect();
-        Self { blocks, words, d, offset }
+        Self { blocks, words, d, offset, sums }
     }
 }
 
@@ -430,12 +557,12 @@ mod tests {
     }
 
     #[test]
-    fn both_kernels_match_candle_bit_for_bit() {
+    fn the_kernels_match_candle_bit_for_bit() {
         if !supported() {
             eprintln!("this CPU has no AVX-512 VNNI: the kernel is not used here, nothing to compare");
             return;
         }
-        for (dtype, (n, k)) in [GgmlDType::Q4_1, GgmlDType::Q8_0]
+        for (dtype, (n, k)) in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::Q5_0]
             .into_iter()
             .flat_map(|d| [(16usize, 64usize), (64, 576), (192, 576), (48, 1472), (32, 896)].map(|s| (d, s)))
         {
