@@ -246,18 +246,95 @@ impl PackedQ4_1 {
     }
 }
 
-/// Q8_0 weights repacked for the kernel: for each group of 16 output columns and each block,
-/// eight 64-byte vectors (lane `c` of vector `l` holds bytes `4l..4l+4` of column `c`'s block,
-/// plus 128), then the 16 scales as f32.
-pub struct PackedQ8_0 {
-    /// Output columns (weight rows).
-    pub n: usize,
-    /// Inner dimension.
-    pub k: usize,
+/// Weights unpacked to one byte each (made unsigned by an offset), for the kernels whose
+/// activations are Q8_0: for each group of 16 output columns and each block, eight 64-byte
+/// vectors (lane `c` of vector `l` holds values `4l..4l+4` of column `c`'s block), then the 16
+/// scales as f32.
+struct ByteColumns {
+    n: usize,
+    k: usize,
     blocks: usize,
     qs: Vec<u8>,
     d: Vec<f32>,
 }
+
+impl ByteColumns {
+    /// Repacks `[n, k]` blocks of `block_bytes` each; `unpack` turns one block into its scale
+    /// and its 32 offset values.
+    fn new(
+        raw: &[u8],
+        n: usize,
+        k: usize,
+        block_bytes: usize,
+        unpack: impl Fn(&[u8]) -> (f32, [u8; BLOCK]),
+    ) -> Option<Self> {
+        if n == 0 || !n.is_multiple_of(LANES) || k == 0 || !k.is_multiple_of(BLOCK) {
+            return None;
+        }
+        let blocks = k / BLOCK;
+        if raw.len() != n * blocks * block_bytes {
+            return None;
+        }
+        let groups = n / LANES;
+        let mut qs = vec![0u8; groups * blocks * 512];
+        let mut d = vec![0f32; groups * blocks * LANES];
+        for col in 0..n {
+            let (g, c) = (col / LANES, col % LANES);
+            for b in 0..blocks {
+                let (scale, values) = unpack(&raw[(col * blocks + b) * block_bytes..][..block_bytes]);
+                d[(g * blocks + b) * LANES + c] = scale;
+                let base = (g * blocks + b) * 512;
+                for l in 0..8 {
+                    qs[base + l * 64 + c * 4..][..4].copy_from_slice(&values[4 * l..4 * l + 4]);
+                }
+            }
+        }
+        Some(Self { n, k, blocks, qs, d })
+    }
+
+    fn bytes(&self) -> usize {
+        self.qs.len() + 4 * self.d.len()
+    }
+
+    /// Quantises `x` to Q8_0 and runs `tile` over every (row tile, column group).
+    fn matmul(
+        &self,
+        x: &[f32],
+        rows: usize,
+        row_tile: usize,
+        tile: impl Fn(&Q8_0Rows, usize, usize, usize, *mut f32) + Sync,
+    ) -> Option<Vec<f32>> {
+        if !supported() || x.len() != rows * self.k {
+            return None;
+        }
+        let y = Q8_0Rows::quantize(x, rows, self.k);
+        let mut out = vec![0f32; rows * self.n];
+        let out_addr = out.as_mut_ptr() as usize;
+        for_each_tile(rows, self.n / LANES, row_tile, rows * self.n * self.k, |r0, r1, g| {
+            tile(&y, r0, r1, g, out_addr as *mut f32)
+        });
+        Some(out)
+    }
+
+    /// The 64-byte vector `l` of (group, block) `gb`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn vector(&self, gb: usize, l: usize) -> std::arch::x86_64::__m512i {
+        // SAFETY: 512 bytes per (group, block); the caller keeps l < 8.
+        unsafe { std::arch::x86_64::_mm512_loadu_si512(self.qs.as_ptr().add(gb * 512 + l * 64).cast()) }
+    }
+
+    /// The 16 scales of (group, block) `gb`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scales(&self, gb: usize) -> std::arch::x86_64::__m512 {
+        // SAFETY: 16 scales per (group, block).
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(self.d.as_ptr().add(gb * LANES)) }
+    }
+}
+
+/// Q8_0 weights repacked for the kernel (stored plus 128).
+pub struct PackedQ8_0(ByteColumns);
 
 /// Activations quantised to Q8_0 (candle's `BlockQ8_0::from_float`), with `128 x` the sum of
 /// every 4 consecutive values (the offset correction).
@@ -276,51 +353,26 @@ impl PackedQ8_0 {
     /// Where `k` is a multiple of 256, candle multiplies Q8_0 with its own VNNI kernel (other
     /// numerics): those matrices are left to it (`None`).
     pub fn new(raw: &[u8], n: usize, k: usize) -> Option<Self> {
-        if n == 0 || !n.is_multiple_of(LANES) || k == 0 || !k.is_multiple_of(BLOCK) || k.is_multiple_of(256) {
+        if k.is_multiple_of(256) {
             return None;
         }
-        let blocks = k / BLOCK;
-        if raw.len() != n * blocks * 34 {
-            return None;
-        }
-        let groups = n / LANES;
-        let mut qs = vec![0u8; groups * blocks * 512];
-        let mut d = vec![0f32; groups * blocks * LANES];
-        for col in 0..n {
-            let (g, c) = (col / LANES, col % LANES);
-            for b in 0..blocks {
-                let block = &raw[(col * blocks + b) * 34..][..34];
-                d[(g * blocks + b) * LANES + c] = f16::from_le_bytes([block[0], block[1]]).to_f32();
-                let base = (g * blocks + b) * 512;
-                for l in 0..8 {
-                    for i in 0..4 {
-                        qs[base + l * 64 + c * 4 + i] = block[2 + 4 * l + i] ^ 0x80;
-                    }
-                }
-            }
-        }
-        Some(Self { n, k, blocks, qs, d })
+        ByteColumns::new(raw, n, k, 34, |block| {
+            (f16::from_le_bytes([block[0], block[1]]).to_f32(), std::array::from_fn(|i| block[2 + i] ^ 0x80))
+        })
+        .map(Self)
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.qs.len() + 4 * self.d.len()
+        self.0.bytes()
     }
 
     /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`. `None` when the CPU
     /// lacks the instructions (see [`supported`]).
     pub fn matmul(&self, x: &[f32], rows: usize) -> Option<Vec<f32>> {
-        if !supported() || x.len() != rows * self.k {
-            return None;
-        }
-        let y = Q8_0Rows::quantize(x, rows, self.k);
-        let mut out = vec![0f32; rows * self.n];
-        let out_addr = out.as_mut_ptr() as usize;
-        for_each_tile(rows, self.n / LANES, ROW_TILE_Q8, rows * self.n * self.k, |r0, r1, g| {
-            // SAFETY: as for Q4_1.
-            unsafe { self.tile(&y, r0, r1, g, out_addr as *mut f32) }
-        });
-        Some(out)
+        // SAFETY: `ByteColumns::matmul` checked `supported()`; each (row, group) output block
+        // is written by exactly one call.
+        self.0.matmul(x, rows, ROW_TILE_Q8, |y, r0, r1, g, out| unsafe { self.tile(y, r0, r1, g, out) })
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -328,19 +380,20 @@ impl PackedQ8_0 {
     unsafe fn tile(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
         use std::arch::x86_64::*;
         let rows = r1 - r0;
+        let cols = &self.0;
         let mut acc = [[_mm512_setzero_ps(); 8]; ROW_TILE_Q8];
-        for b in 0..self.blocks {
-            let gb = g * self.blocks + b;
-            // SAFETY: 16 scales per (group, block).
-            let dx = unsafe { _mm512_loadu_ps(self.d.as_ptr().add(gb * LANES)) };
+        for b in 0..cols.blocks {
+            let gb = g * cols.blocks + b;
+            // SAFETY: the features are enabled; gb is in range.
+            let dx = unsafe { cols.scales(gb) };
             let mut scale = [_mm512_setzero_ps(); ROW_TILE_Q8];
             for (t, sc) in scale.iter_mut().enumerate().take(rows) {
                 *sc = _mm512_mul_ps(dx, _mm512_set1_ps(y.d[(r0 + t) * y.blocks + b]));
             }
             #[allow(clippy::needless_range_loop)] // `l` indexes the weights, the bytes and `acc[t]`
             for l in 0..8 {
-                // SAFETY: 512 bytes per (group, block); l < 8.
-                let w = unsafe { _mm512_loadu_si512(self.qs.as_ptr().add(gb * 512 + l * 64).cast()) };
+                // SAFETY: l < 8.
+                let w = unsafe { cols.vector(gb, l) };
                 for t in 0..rows {
                     let at = (r0 + t) * y.blocks + b;
                     let a = y.words[at * 8 + l];
@@ -357,7 +410,7 @@ impl PackedQ8_0 {
             let s37 = _mm512_add_ps(a[3], a[7]);
             let total = _mm512_add_ps(_mm512_add_ps(s04, s26), _mm512_add_ps(s15, s37));
             // SAFETY: row r0 + t < rows of the output, columns g*16..g*16+16 < n.
-            unsafe { _mm512_storeu_ps(out.add((r0 + t) * self.n + g * LANES), total) };
+            unsafe { _mm512_storeu_ps(out.add((r0 + t) * cols.n + g * LANES), total) };
         }
     }
 
@@ -367,74 +420,37 @@ impl PackedQ8_0 {
     }
 }
 
-/// Q5_0 weights repacked for the kernel: the 5-bit values unpacked to bytes plus 16 (0..31),
-/// laid out as Q8_0's (eight 64-byte vectors per group of 16 columns and block), then the 16
-/// scales. candle multiplies Q5_0 with a scalar loop:
-/// `sum = sum + (sumi as f32 * d_x) * d_y` per block, reproduced here one output per lane.
-pub struct PackedQ5_0 {
-    /// Output columns (weight rows).
-    pub n: usize,
-    /// Inner dimension.
-    pub k: usize,
-    blocks: usize,
-    qs: Vec<u8>,
-    d: Vec<f32>,
-}
+/// Q5_0 weights repacked for the kernel: the 5-bit values unpacked to bytes plus 16 (0..31).
+/// candle multiplies Q5_0 with a scalar loop: `sum = sum + (sumi as f32 * d_x) * d_y` per
+/// block, reproduced here one output per lane.
+pub struct PackedQ5_0(ByteColumns);
 
 impl PackedQ5_0 {
     /// Repacks a `[n, k]` Q5_0 matrix from its GGUF bytes (blocks of `d: f16, qh: [u8; 4],
     /// qs: [u8; 16]`).
     pub fn new(raw: &[u8], n: usize, k: usize) -> Option<Self> {
-        if n == 0 || !n.is_multiple_of(LANES) || k == 0 || !k.is_multiple_of(BLOCK) {
-            return None;
-        }
-        let blocks = k / BLOCK;
-        if raw.len() != n * blocks * 22 {
-            return None;
-        }
-        let groups = n / LANES;
-        let mut qs = vec![0u8; groups * blocks * 512];
-        let mut d = vec![0f32; groups * blocks * LANES];
-        for col in 0..n {
-            let (g, c) = (col / LANES, col % LANES);
-            for b in 0..blocks {
-                let block = &raw[(col * blocks + b) * 22..][..22];
-                d[(g * blocks + b) * LANES + c] = f16::from_le_bytes([block[0], block[1]]).to_f32();
-                let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-                let nibbles = &block[6..22];
-                let mut value = [0u8; BLOCK];
-                for j in 0..16 {
-                    value[j] = (nibbles[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
-                    value[j + 16] = (nibbles[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
-                }
-                let base = (g * blocks + b) * 512;
-                for l in 0..8 {
-                    qs[base + l * 64 + c * 4..][..4].copy_from_slice(&value[4 * l..4 * l + 4]);
-                }
-            }
-        }
-        Some(Self { n, k, blocks, qs, d })
+        ByteColumns::new(raw, n, k, 22, |block| {
+            let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+            let nibbles = &block[6..22];
+            let values = std::array::from_fn(|i| {
+                let (nibble, bit) = if i < 16 { (nibbles[i] & 0x0F, i) } else { (nibbles[i - 16] >> 4, i) };
+                nibble | ((((qh >> bit) & 1) as u8) << 4)
+            });
+            (f16::from_le_bytes([block[0], block[1]]).to_f32(), values)
+        })
+        .map(Self)
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.qs.len() + 4 * self.d.len()
+        self.0.bytes()
     }
 
     /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`. `None` when the CPU
     /// lacks the instructions (see [`supported`]).
     pub fn matmul(&self, x: &[f32], rows: usize) -> Option<Vec<f32>> {
-        if !supported() || x.len() != rows * self.k {
-            return None;
-        }
-        let y = Q8_0Rows::quantize(x, rows, self.k);
-        let mut out = vec![0f32; rows * self.n];
-        let out_addr = out.as_mut_ptr() as usize;
-        for_each_tile(rows, self.n / LANES, ROW_TILE, rows * self.n * self.k, |r0, r1, g| {
-            // SAFETY: as for Q4_1.
-            unsafe { self.tile(&y, r0, r1, g, out_addr as *mut f32) }
-        });
-        Some(out)
+        // SAFETY: as for Q8_0.
+        self.0.matmul(x, rows, ROW_TILE, |y, r0, r1, g, out| unsafe { self.tile(y, r0, r1, g, out) })
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -442,14 +458,15 @@ impl PackedQ5_0 {
     unsafe fn tile(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
         use std::arch::x86_64::*;
         let rows = r1 - r0;
+        let cols = &self.0;
         let mut acc = [_mm512_setzero_ps(); ROW_TILE];
-        for b in 0..self.blocks {
-            let gb = g * self.blocks + b;
+        for b in 0..cols.blocks {
+            let gb = g * cols.blocks + b;
             let mut even = [_mm512_setzero_si512(); ROW_TILE];
             let mut odd = [_mm512_setzero_si512(); ROW_TILE];
             for l in 0..8 {
-                // SAFETY: 512 bytes per (group, block); l < 8.
-                let w = unsafe { _mm512_loadu_si512(self.qs.as_ptr().add(gb * 512 + l * 64).cast()) };
+                // SAFETY: l < 8.
+                let w = unsafe { cols.vector(gb, l) };
                 for t in 0..rows {
                     let a = _mm512_set1_epi32(y.words[((r0 + t) * y.blocks + b) * 8 + l]);
                     if l % 2 == 0 {
@@ -459,8 +476,8 @@ impl PackedQ5_0 {
                     }
                 }
             }
-            // SAFETY: 16 scales per (group, block).
-            let dx = unsafe { _mm512_loadu_ps(self.d.as_ptr().add(gb * LANES)) };
+            // SAFETY: the features are enabled; gb is in range.
+            let dx = unsafe { cols.scales(gb) };
             for (t, a) in acc.iter_mut().enumerate().take(rows) {
                 let at = (r0 + t) * y.blocks + b;
                 // The stored values are the weights plus 16: take 16 x the activations' sum.
@@ -471,7 +488,7 @@ impl PackedQ5_0 {
         }
         for (t, a) in acc.iter().enumerate().take(rows) {
             // SAFETY: row r0 + t < rows of the output, columns g*16..g*16+16 < n.
-            unsafe { _mm512_storeu_ps(out.add((r0 + t) * self.n + g * LANES), *a) };
+            unsafe { _mm512_storeu_ps(out.add((r0 + t) * cols.n + g * LANES), *a) };
         }
     }
 
