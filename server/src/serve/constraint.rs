@@ -330,7 +330,7 @@ pub fn build(
     let mut source = WasmSource { pooled, key, matcher: None, vocab, metrics, failed: false };
     if !dspark {
         // The classic path asks the plugin at every step: start its matcher now.
-        if let Err(e) = source.matcher() {
+        if let Err(e) = source.call(|_, _| Ok(())) {
             let WasmSource { pooled, .. } = source;
             lock(&pool.idle).push(pooled);
             return Err(plugin_error(spec, e));
@@ -351,36 +351,30 @@ struct WasmSource {
 }
 
 impl WasmSource {
-    fn matcher(&mut self) -> Result<&MatcherHandle, PluginError> {
-        if self.matcher.is_none() {
-            let compiled = self.pooled.compiled.get(&self.key).ok_or_else(|| PluginError::InvalidOutput {
-                plugin: self.pooled.instance.plugin().name().to_string(),
-                call: "new-matcher",
-                message: "the compiled constraint was dropped".into(),
-            })?;
-            self.matcher = Some(self.pooled.instance.new_matcher(compiled)?);
-        }
-        self.matcher.as_ref().ok_or_else(|| unreachable_matcher(&self.pooled))
-    }
-
+    /// Runs one call on the sequence's matcher, made on first use. A failure marks the
+    /// instance as not worth returning to the pool.
     fn call<T>(
         &mut self,
         f: impl FnOnce(&mut PluginInstance, &MatcherHandle) -> Result<T, PluginError>,
-    ) -> anyhow::Result<T> {
-        let result = self.matcher().map(|_| ()).and_then(|_| match self.matcher.as_ref() {
-            Some(m) => f(&mut self.pooled.instance, m),
-            None => Err(unreachable_matcher(&self.pooled)),
+    ) -> Result<T, PluginError> {
+        let matcher = match self.matcher.take() {
+            Some(m) => Ok(m),
+            None => match self.pooled.compiled.get(&self.key) {
+                Some(compiled) => self.pooled.instance.new_matcher(compiled),
+                None => Err(PluginError::InvalidOutput {
+                    plugin: self.pooled.instance.plugin().name().to_string(),
+                    call: "new-matcher",
+                    message: "the compiled constraint was dropped".into(),
+                }),
+            },
+        };
+        let result = matcher.and_then(|m| {
+            let result = f(&mut self.pooled.instance, &m);
+            self.matcher = Some(m);
+            result
         });
         self.failed |= result.is_err();
-        Ok(result?)
-    }
-}
-
-fn unreachable_matcher(pooled: &Pooled) -> PluginError {
-    PluginError::InvalidOutput {
-        plugin: pooled.instance.plugin().name().to_string(),
-        call: "new-matcher",
-        message: "no matcher".into(),
+        result
     }
 }
 
@@ -402,7 +396,7 @@ impl StateSource for WasmSource {
     }
 
     fn state_key(&mut self) -> anyhow::Result<u64> {
-        self.call(|i, m| i.state_key(m))
+        Ok(self.call(|i, m| i.state_key(m))?)
     }
 }
 
@@ -424,18 +418,15 @@ pub struct PluginConstraint {
     mode: Mode,
 }
 
-impl PluginConstraint {
-    /// Classic mode: forced tokens wait to be sampled one per step.
-    fn classic_step(&mut self, forced: Vec<u32>, stop: bool) -> ConstraintStep {
-        match &mut self.mode {
-            Mode::Classic { pending, pending_stop } => {
-                pending.extend(forced);
-                *pending_stop = stop;
-                ConstraintStep { forced: Vec::new(), stop: pending.is_empty() && stop }
-            }
-            Mode::Tree(_) => ConstraintStep { forced, stop },
-        }
-    }
+/// Classic mode: a forced span waits in `pending` to be sampled one token per step.
+fn defer(pending: &mut VecDeque<u32>, pending_stop: &mut bool, forced: Vec<u32>, stop: bool) -> ConstraintStep {
+    pending.extend(forced);
+    *pending_stop = stop;
+    ConstraintStep { forced: Vec::new(), stop: pending.is_empty() && stop }
+}
+
+fn released() -> anyhow::Error {
+    anyhow::anyhow!("the constraint was released")
 }
 
 fn only(token: u32, vocab: usize) -> Mask {
@@ -446,46 +437,42 @@ fn only(token: u32, vocab: usize) -> Mask {
 
 impl SequenceConstraint for PluginConstraint {
     fn start(&mut self) -> anyhow::Result<ConstraintStep> {
-        let mut source = self.source.take().ok_or_else(|| anyhow::anyhow!("the constraint was released"))?;
-        let result = match &mut self.mode {
+        let source = self.source.as_mut().ok_or_else(released)?;
+        match &mut self.mode {
             Mode::Tree(walker) => {
-                walker.start(&mut source).map(|e| ConstraintStep { forced: e.forced.to_vec(), stop: e.stop })
+                walker.start(source).map(|e| ConstraintStep { forced: e.forced.to_vec(), stop: e.stop })
             }
-            Mode::Classic { .. } => source.commit(&[]).map(|(forced, stop)| self.classic_step(forced, stop)),
-        };
-        self.source = Some(source);
-        result
+            Mode::Classic { pending, pending_stop } => {
+                source.commit(&[]).map(|(forced, stop)| defer(pending, pending_stop, forced, stop))
+            }
+        }
     }
 
     fn mask(&mut self) -> anyhow::Result<Option<Mask>> {
-        let mut source = self.source.take().ok_or_else(|| anyhow::anyhow!("the constraint was released"))?;
-        let result = match &mut self.mode {
-            Mode::Tree(walker) => walker.mask(&mut source),
+        let source = self.source.as_mut().ok_or_else(released)?;
+        match &mut self.mode {
+            Mode::Tree(walker) => walker.mask(source),
             Mode::Classic { pending, .. } => match pending.front() {
                 Some(&next) => Ok(Some(only(next, source.vocab))),
                 None => source.mask(),
             },
-        };
-        self.source = Some(source);
-        result
+        }
     }
 
     fn commit(&mut self, token: u32) -> anyhow::Result<ConstraintStep> {
-        let mut source = self.source.take().ok_or_else(|| anyhow::anyhow!("the constraint was released"))?;
-        let result = match &mut self.mode {
+        let source = self.source.as_mut().ok_or_else(released)?;
+        match &mut self.mode {
             Mode::Tree(walker) => {
-                walker.commit(&mut source, token).map(|e| ConstraintStep { forced: e.forced.to_vec(), stop: e.stop })
+                walker.commit(source, token).map(|e| ConstraintStep { forced: e.forced.to_vec(), stop: e.stop })
             }
             Mode::Classic { pending, pending_stop } => match pending.pop_front() {
                 Some(next) if next == token => {
                     Ok(ConstraintStep { forced: Vec::new(), stop: pending.is_empty() && *pending_stop })
                 }
                 Some(next) => Err(anyhow::anyhow!("token {token} was sampled where the constraint forces {next}")),
-                None => source.commit(&[token]).map(|(forced, stop)| self.classic_step(forced, stop)),
+                None => source.commit(&[token]).map(|(forced, stop)| defer(pending, pending_stop, forced, stop)),
             },
-        };
-        self.source = Some(source);
-        result
+        }
     }
 }
 
