@@ -8,12 +8,9 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 
-builtin=(regex:constraints/regex choice:constraints/choice json-schema:constraints/json-schema)
+builtin=(regex:constraints/regex choice:constraints/choice json-schema:constraints/json-schema tool-call:constraints/tool-call)
 testonly=(testkit:tests/plugins/testkit)
 
-pkgs=()
-for entry in "${builtin[@]}" "${testonly[@]}"; do pkgs+=(-p "dspark-plugin-${entry%%:*}"); done
-cargo build --quiet --profile plugin --target wasm32-wasip2 "${pkgs[@]}"
 
 install_plugin() { # name crate_dir registry_dir
   local name="$1" dir="$2" reg="$3" wasm sha
@@ -36,5 +33,12 @@ PY
   echo "build-plugins: $reg/$name ($(stat -c %s "$wasm") bytes)"
 }
 
-for entry in "${builtin[@]}"; do install_plugin "${entry%%:*}" "${entry#*:}" "$root/plugins"; done
-for entry in "${testonly[@]}"; do install_plugin "${entry%%:*}" "${entry#*:}" "$root/build/test-plugins"; done
+# One build per plugin, installed before the next build: cargo unifies features across the
+# packages of one build, and the json-schema crate exports its interface as a plugin but not
+# when tool-call links it as a library (which also rewrites json-schema's own .wasm).
+build_and_install() { # name crate_dir registry_dir
+  cargo build --quiet --profile plugin --target wasm32-wasip2 -p "dspark-plugin-$1"
+  install_plugin "$@"
+}
+for entry in "${builtin[@]}"; do build_and_install "${entry%%:*}" "${entry#*:}" "$root/plugins"; done
+for entry in "${testonly[@]}"; do build_and_install "${entry%%:*}" "${entry#*:}" "$root/build/test-plugins"; done

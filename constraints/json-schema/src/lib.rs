@@ -119,4 +119,5 @@ impl Plugin for JsonSchemaPlugin {
     }
 }
 
+#[cfg(feature = "export")]
 dspark_guest::export_plugin!(JsonSchemaPlugin);

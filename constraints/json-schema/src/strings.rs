@@ -136,11 +136,31 @@ pub fn fill_string_mask(rec: &SchemaRecognizer, state: &State, table: &TokenTabl
     let mut stack = Vec::new();
     for c in &configs {
         if eligible(rec, c) {
-            fill_one(rec, c, table, set);
+            fill_one(rec, c, table, set, &|bytes| accepts(rec, c, bytes));
         } else {
             table.trie().walk(c, &mut stack, |s, b| rec.advance(s, b), |t| set.insert(t));
         }
     }
+    true
+}
+
+/// The fast path for a recogniser embedded in a larger one (the tool-call plugin's arguments):
+/// fills `set` for a single-configuration state inside a string and returns `true`, else
+/// returns `false`. Tokens that leave the string may run past the end of this document into
+/// what the outer recogniser expects next, so they are checked with `outer_accepts` (the
+/// outer recogniser's view of the same state); tokens that stay inside the string are decided
+/// here.
+pub fn fill_embedded_string_mask(
+    rec: &SchemaRecognizer,
+    state: &State,
+    table: &TokenTable,
+    set: &mut TokenSet,
+    outer_accepts: &dyn Fn(&[u8]) -> bool,
+) -> bool {
+    if state.single().is_none() || !eligible(rec, state) {
+        return false;
+    }
+    fill_one(rec, state, table, set, outer_accepts);
     true
 }
 
@@ -164,12 +184,20 @@ fn accepts(rec: &SchemaRecognizer, state: &State, bytes: &[u8]) -> bool {
     true
 }
 
-fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut TokenSet) {
+/// Fills the mask of one in-string state; tokens checked one by one (escapes, closing quotes)
+/// are decided by `accepts`.
+fn fill_one(
+    rec: &SchemaRecognizer,
+    state: &State,
+    table: &TokenTable,
+    set: &mut TokenSet,
+    accepts: &dyn Fn(&[u8]) -> bool,
+) {
     let sets = sets_for(table);
     let g = rec.graph();
     let check = |set: &mut TokenSet, ids: &[u32]| {
         for &t in ids {
-            if accepts(rec, state, table.token_bytes(t)) {
+            if accepts(table.token_bytes(t)) {
                 set.insert(t);
             }
         }
