@@ -373,3 +373,57 @@ fn config_edits_reload_models_while_requests_run() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// SmolLM2's chat template has no tool syntax: the server describes the tools in a system
+/// message and constrains the answer to the generic `{"tool_calls": [...]}` format, which it
+/// turns into OpenAI `tool_calls`; a tool schema the plugin rejects is a 400 at `tools`.
+#[test]
+fn tool_calls_in_the_generic_format() {
+    let server = start(&[]);
+    let addr = server.addr;
+    let parameters = json!({
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"],
+        "additionalProperties": false,
+    });
+    let tools = json!([{"type": "function", "function": {"name": "forecast", "parameters": parameters}}]);
+    let body = json!({
+        "model": MODEL, "temperature": 0, "max_tokens": 80, "tools": tools, "tool_choice": "required",
+        "parallel_tool_calls": false, "messages": [{"role": "user", "content": "Weather for Paris over the next three days?"}],
+    });
+    let r = post_json(addr, "/v1/chat/completions", &body).json();
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{r}");
+    assert!(choice["message"]["content"].is_null(), "{r}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "parallel_tool_calls: false");
+    for call in calls {
+        assert_eq!(call["type"], "function");
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(call["function"]["name"], "forecast");
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(jsonschema::is_valid(&parameters, &args), "{args} does not validate");
+    }
+
+    let mut bad = body.clone();
+    bad["tools"][0]["function"]["parameters"] = json!({"type": "object", "properties": {"a": {"type": "strnig"}}});
+    let r = http::send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        bad.to_string().as_bytes(),
+    );
+    assert_error(&r, 400, Some("tools"), "/tools/0/function/parameters");
+    let mut both = body.clone();
+    both["response_format"] = json!({"type": "json_object"});
+    let r = http::send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        both.to_string().as_bytes(),
+    );
+    assert_error(&r, 400, Some("tool_choice"), "cannot be combined with `response_format`");
+}

@@ -125,6 +125,8 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Value>>,
     /// Tool choice.
     pub tool_choice: Option<Value>,
+    /// Whether several tool calls may be made in one answer (default true).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// `POST /v1/completions`.

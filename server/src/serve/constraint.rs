@@ -57,6 +57,11 @@ impl ConstraintSpec {
         Self { plugin: None, kind: kind.into(), source, options: String::new(), field: field.into(), validate: None }
     }
 
+    /// The `tool-call` plugin's constraint for a request's tools (see [`super::tools`]).
+    pub fn tool_call(source: String) -> Self {
+        Self::new("tool-call", source, "tools")
+    }
+
     fn json_schema(schema: &Value, field: &str) -> Result<Self, ApiError> {
         let schema = match schema {
             Value::String(text) => serde_json::from_str(text)

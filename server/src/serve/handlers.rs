@@ -20,6 +20,7 @@ use super::api::{ChatRequest, CompletionRequest, Resolved, parse_body};
 use super::constraint::{self, ConstraintSpec};
 use super::error::ApiError;
 use super::models::Served;
+use super::tools;
 use super::worker::{Event, Ticket};
 
 fn unix_now() -> u64 {
@@ -120,7 +121,7 @@ fn normalise_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
 
 /// The prompt tokens of a chat request.
 fn chat_prompt(served: &Served, request: &ChatRequest) -> Result<Vec<u32>, ApiError> {
-    let messages = normalise_messages(&request.messages)?;
+    let messages = tools::prepare_messages(served, normalise_messages(&request.messages)?, request.tools.as_deref());
     let tokenizer = &served.worker.tokenizer;
     let template = match &served.chat_template {
         Some(Ok(t)) => t,
@@ -287,18 +288,22 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
     let served = state.models.get(&request.model)?;
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
     let resolved = sampling.resolve(logprobs, &served.entry.config.sampling)?;
-    let spec = constraint::from_request(&sampling)?;
-    match (&request.tool_choice, &request.tools) {
-        (None, _) => {}
-        (Some(_), None) => return Err(ApiError::invalid("tool_choice", "`tool_choice` needs `tools`")),
-        (Some(Value::String(choice)), Some(_)) if choice == "none" || choice == "auto" => {}
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "`tool_choice` `required` and named functions need the tool-call plugin, which this server does not have yet; use `auto` or `none`",
-            ));
+    let mut spec = constraint::from_request(&sampling)?;
+    let tool_plan = match tools::plan(
+        &served,
+        request.tools.as_deref(),
+        request.tool_choice.as_ref(),
+        request.parallel_tool_calls,
+        spec.as_ref(),
+    )? {
+        Some((plan, tool_spec)) => {
+            if tool_spec.is_some() {
+                spec = tool_spec;
+            }
+            Some(Arc::new(plan)).filter(|p| p.parse)
         }
-    }
+        None => None,
+    };
     let prompt = chat_prompt(&served, &request)?;
     let id = request_id("chatcmpl");
     tracing::info!(request_id = %id, model = %request.model, prompt_tokens = prompt.len(), n = resolved.n, stream = resolved.stream, constraint = ?spec.as_ref().map(|s| &s.kind), "chat completion");
@@ -322,16 +327,37 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
             .map(|index| json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))
             .collect();
         let want_logprobs = resolved.sampling.logprobs.is_some();
+        let mut tool_streams: Vec<tools::ToolStream> = (0..resolved.n).map(|_| Default::default()).collect();
         return Ok(stream_response(head, tickets, opening, move |served, index, update| {
             let mut choices = Vec::new();
-            let logprobs = want_logprobs.then(|| json!({"content": token_logprobs(served, &update.tokens)}));
-            if !update.text.is_empty() || logprobs.is_some() && !update.tokens.is_empty() {
-                choices.push(json!({"index": index, "delta": {"content": update.text}, "logprobs": logprobs, "finish_reason": null}));
+            let mut logprobs = want_logprobs.then(|| json!({"content": token_logprobs(served, &update.tokens)}));
+            let mut called = false;
+            match &tool_plan {
+                Some(plan) => {
+                    let stream = &mut tool_streams[index];
+                    for delta in stream.push(plan, &update.text, update.finish.is_some()) {
+                        choices.push(
+                            json!({"index": index, "delta": delta, "logprobs": logprobs.take(), "finish_reason": null}),
+                        );
+                    }
+                    if logprobs.is_some() && !update.tokens.is_empty() {
+                        choices.push(json!({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": null}));
+                    }
+                    if update.finish.is_some() {
+                        let calls = stream.calls(plan);
+                        plan.check(served, &calls);
+                        called = !calls.is_empty();
+                    }
+                }
+                None => {
+                    if !update.text.is_empty() || logprobs.is_some() && !update.tokens.is_empty() {
+                        choices.push(json!({"index": index, "delta": {"content": update.text}, "logprobs": logprobs, "finish_reason": null}));
+                    }
+                }
             }
             if let Some(finish) = &update.finish {
-                choices.push(
-                    json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason(finish)}),
-                );
+                let reason = if called && *finish == FinishReason::Stop { "tool_calls" } else { finish_reason(finish) };
+                choices.push(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}));
             }
             choices
         }));
@@ -343,12 +369,23 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
         check_output(&served, validator.as_deref(), &out.text, &out.finish);
         completion_tokens += out.tokens.len();
         let logprobs = resolved.sampling.logprobs.map(|_| json!({"content": token_logprobs(&served, &out.tokens)}));
-        choices.push(json!({
-            "index": index,
-            "message": {"role": "assistant", "content": out.text},
-            "logprobs": logprobs,
-            "finish_reason": finish_reason(&out.finish),
-        }));
+        let (message, reason) = match &tool_plan {
+            Some(plan) => {
+                let (content, calls) = plan.finish(&served, &out.text);
+                if calls.is_empty() {
+                    (json!({"role": "assistant", "content": content}), finish_reason(&out.finish))
+                } else {
+                    let reason =
+                        if out.finish == FinishReason::Stop { "tool_calls" } else { finish_reason(&out.finish) };
+                    (
+                        json!({"role": "assistant", "content": content, "tool_calls": tools::tool_calls_json(&calls)}),
+                        reason,
+                    )
+                }
+            }
+            None => (json!({"role": "assistant", "content": out.text}), finish_reason(&out.finish)),
+        };
+        choices.push(json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}));
     }
     tracing::info!(request_id = %id, completion_tokens, finish = ?choices.iter().map(|c| c["finish_reason"].clone()).collect::<Vec<_>>(), "chat completion done");
     Ok(axum::Json(json!({
@@ -394,9 +431,9 @@ struct StreamHead {
 /// Streams the tickets' updates as server-sent events: `opening` choices first, then
 /// whatever `render` makes of each update, the usage chunk when asked for, and `[DONE]`.
 /// Finished answers are checked against their constraint on the way.
-fn stream_response<F>(head: StreamHead, tickets: Vec<Ticket>, opening: Vec<Value>, render: F) -> Response
+fn stream_response<F>(head: StreamHead, tickets: Vec<Ticket>, opening: Vec<Value>, mut render: F) -> Response
 where
-    F: Fn(&Served, usize, &SequenceUpdate) -> Vec<Value> + Send + 'static,
+    F: FnMut(&Served, usize, &SequenceUpdate) -> Vec<Value> + Send + 'static,
 {
     let (tx, rx) = mpsc::unbounded_channel();
     let n = tickets.len();

@@ -17,6 +17,7 @@ pub mod error;
 pub mod handlers;
 pub mod metrics;
 pub mod models;
+pub mod tools;
 pub mod worker;
 
 use std::net::SocketAddr;

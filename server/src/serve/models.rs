@@ -45,6 +45,10 @@ pub struct Served {
     /// The chat template, compiled once (or why it does not compile); `None` when the model
     /// has none.
     pub chat_template: Option<Result<ChatTemplate, String>>,
+    /// The tool-call syntax the chat template teaches (generic when it has none).
+    pub tool_format: dspark_plugin_tool_call::Format,
+    /// Whether the chat template renders `tools` itself.
+    pub template_renders_tools: bool,
     /// Unix time it became ready.
     pub created: u64,
     _weights: Arc<Weights>,
@@ -183,7 +187,19 @@ impl Models {
         if let Some(Err(e)) = &chat_template {
             tracing::warn!(model = %entry.name, "the chat template does not compile; chat requests will fail: {e}");
         }
-        Ok(Served { entry: entry.clone(), worker, pools: Pools::default(), chat_template, created, _weights: weights })
+        let source = weights.tokenizer.chat_template.as_deref().unwrap_or_default();
+        let tool_format = dspark_plugin_tool_call::Format::from_chat_template(source);
+        let template_renders_tools = dspark_plugin_tool_call::Format::template_renders_tools(source);
+        Ok(Served {
+            entry: entry.clone(),
+            worker,
+            pools: Pools::default(),
+            chat_template,
+            tool_format,
+            template_renders_tools,
+            created,
+            _weights: weights,
+        })
     }
 
     /// The weights of `path`, shared with any entry that already loaded the same file with
