@@ -114,8 +114,8 @@ impl State {
         std::iter::once(&self.first).chain(self.more.iter())
     }
 
-    /// Each configuration as a state of its own.
-    pub(crate) fn split(&self) -> Vec<State> {
+    /// Each configuration as a state of its own (the state accepts what any of them does).
+    pub fn split(&self) -> Vec<State> {
         self.configs().map(|c| State { first: c.clone(), more: Vec::new() }).collect()
     }
 

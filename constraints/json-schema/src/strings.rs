@@ -164,7 +164,17 @@ pub fn fill_embedded_string_mask(
     true
 }
 
+/// Whether a single-configuration state is inside a string or an undeclared key, where
+/// [`fill_embedded_string_mask`] takes its fast path.
+pub fn is_string_state(state: &State) -> bool {
+    state.single().is_some() && eligible_config(state)
+}
+
 fn eligible(_rec: &SchemaRecognizer, state: &State) -> bool {
+    eligible_config(state)
+}
+
+fn eligible_config(state: &State) -> bool {
     match state.single().and_then(|c| c.top()) {
         Some(Frame::Str { chars, .. }) => chars.is_plain(),
         Some(Frame::FreeKey { chars, .. }) => chars.is_plain(),

@@ -303,9 +303,25 @@ impl Recognizer for ToolCallRecognizer {
     fn fill_mask(&self, state: &State, table: &TokenTable, set: &mut TokenSet) -> bool {
         let State::Args { tool, inner } = state else { return false };
         let args = &self.tools[*tool as usize].args;
-        dspark_plugin_json_schema::strings::fill_embedded_string_mask(args, inner, table, set, &|bytes| {
-            self.accepts(state, bytes)
-        })
+        // The arguments' state accepts what any of its configurations accepts: each one in a
+        // string takes the json-schema plugin's fast path (with tokens that leave the string
+        // checked against this recogniser), the others walk the trie.
+        let parts = inner.split();
+        if !parts.iter().any(|p| dspark_plugin_json_schema::strings::is_string_state(p)) {
+            return false;
+        }
+        let mut stack = Vec::new();
+        for part in parts {
+            let outer = State::Args { tool: *tool, inner: part };
+            let State::Args { inner: part, .. } = &outer else { continue };
+            let fast = dspark_plugin_json_schema::strings::fill_embedded_string_mask(args, part, table, set, &|bytes| {
+                self.accepts(&outer, bytes)
+            });
+            if !fast {
+                table.trie().walk(&outer, &mut stack, |s, b| self.advance(s, b), |t| set.insert(t));
+            }
+        }
+        true
     }
 }
 
@@ -537,7 +553,7 @@ mod tests {
     use dspark_guest::testing::walk_text;
     use serde_json::json;
 
-    const EXTRA: [&str; 8] = ["<tool_call>", "\"}}", "\"}", "{\"", "\":", "Paris", "weather", "}\n</tool_call>"];
+    const EXTRA: [&str; 9] = ["<tool_call>", "\"}}", "\"}", "{\"", "\":", "Paris", "weather", "}\n</tool_call>", "\","];
 
     fn tools() -> Value {
         json!([
@@ -654,27 +670,28 @@ mod tests {
     fn string_masks_inside_arguments_equal_the_trie_walk() {
         // The fast in-string path must give exactly what walking the trie gives, including
         // tokens like `"}}` that close the arguments and run into the call's close.
-        let (table, c) = compile(json!("required"), true, "generic");
-        let (rec, _) = compile_recognizer(
-            "tool-call",
-            &json!({"tools": tools(), "tool_choice": "required", "format": "generic"}).to_string(),
-            "{}",
-        )
-        .unwrap();
-        let mut state = rec.start();
-        for &b in br#"{"tool_calls": [{"name": "get_time", "arguments": {"zone":"Eu"#.iter() {
-            state = rec.advance(&state, b).unwrap();
+        let table = Arc::new(TokenTable::byte_level_for_tests(&EXTRA));
+        // With `property_order: any` the arguments' state inside a value string holds several
+        // configurations (any key may follow); each takes the fast path on its own.
+        for options in ["{}", r#"{"property_order":"any"}"#] {
+            let source = json!({"tools": tools(), "tool_choice": "required", "format": "generic"});
+            let (rec, _) = compile_recognizer("tool-call", &source.to_string(), options).unwrap();
+            let mut state = rec.start();
+            for &b in br#"{"tool_calls": [{"name": "get_time", "arguments": {"zone":"Eu"#.iter() {
+                state = rec.advance(&state, b).unwrap();
+            }
+            let mut fast = TokenSet::new(table.vocab_size());
+            assert!(rec.fill_mask(&state, &table, &mut fast), "{options}");
+            let mut slow = TokenSet::new(table.vocab_size());
+            let mut stack = Vec::new();
+            table.trie().walk(&state, &mut stack, |s, b| rec.advance(s, b), |t| slow.insert(t));
+            assert_eq!(fast.words(), slow.words(), "{options}");
+            let closing = table.tokenize(b"\"}}");
+            assert_eq!(closing.len(), 1);
+            assert!(fast.contains(closing[0]), "{options}: `\"}}}}` closes the string, the arguments and the call");
+            let comma = table.tokenize(b"\",");
+            assert!(fast.contains(comma[0]), "{options}");
         }
-        let mut fast = TokenSet::new(table.vocab_size());
-        assert!(rec.fill_mask(&state, &table, &mut fast));
-        let mut slow = TokenSet::new(table.vocab_size());
-        let mut stack = Vec::new();
-        table.trie().walk(&state, &mut stack, |s, b| rec.advance(s, b), |t| slow.insert(t));
-        assert_eq!(fast.words(), slow.words());
-        let closing = table.tokenize(b"\"}}");
-        assert_eq!(closing.len(), 1);
-        assert!(fast.contains(closing[0]), "`\"}}` closes the string, the arguments and the call");
-        drop(c);
     }
 
     #[test]

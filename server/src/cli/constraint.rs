@@ -40,6 +40,11 @@ pub enum ConstraintCommand {
         /// Options; instances keep their own key order, so properties may come in any order.
         #[arg(long, default_value = r#"{"property_order":"any"}"#)]
         options: String,
+        /// Run each schema as the parameters of one tool through the `tool-call` plugin in
+        /// this format (hermes, llama3, mistral, generic), `tool_choice: "required"`: each
+        /// instance is walked as that tool's call. Overrides --plugin and --kind.
+        #[arg(long, value_name = "FORMAT")]
+        as_tools: Option<String>,
     },
     /// Tokenise TEXT, walk it through a matcher of the constraint, print per token whether it
     /// was allowed and which forced spans were met; exit 0 only if the text is accepted.
@@ -72,11 +77,19 @@ pub enum ConstraintCommand {
 
 pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
     let (runtime, plugin, kind, source, source_file, options, tokenizer, text) = match cmd {
-        ConstraintCommand::Maskbench { runtime, tokenizer, data, limit, json, plugin, kind, options } => {
+        ConstraintCommand::Maskbench { runtime, tokenizer, data, limit, json, plugin, kind, options, as_tools } => {
+            let as_tools = as_tools
+                .map(|f| {
+                    dspark_plugin_tool_call::Format::from_name(&f)
+                        .ok_or_else(|| anyhow!("--as-tools: unknown format `{f}`; known: hermes, llama3, mistral, generic"))
+                })
+                .transpose()?;
+            let (plugin, kind) = if as_tools.is_some() { ("tool-call".into(), "tool-call".into()) } else { (plugin, kind) };
             return super::maskbench::run(super::maskbench::Args {
                 runtime,
                 plugin,
                 kind,
+                as_tools,
                 options,
                 tokenizer,
                 data,

@@ -5,6 +5,11 @@
 //! serialised compactly as given, token by token, timing the mask at every step and consuming
 //! forced spans where they match the instance's own tokens; walk each invalid instance to see
 //! whether it is rejected (a token disallowed or the end not accepting).
+//!
+//! With `--as-tools FORMAT` each schema becomes the parameters of one tool `f` for the
+//! `tool-call` plugin (`tool_choice: "required"`, one call), and each instance is walked as
+//! the whole call, `<tool_call>\n{"name": "f", "arguments": INSTANCE}\n</tool_call>` in the
+//! Hermes format: the same figures, for the tool-call plugin over the same arguments.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +34,8 @@ pub struct Args {
     pub data: PathBuf,
     pub limit: Option<usize>,
     pub json: bool,
+    /// Wrap each schema as a tool in this format.
+    pub as_tools: Option<dspark_plugin_tool_call::Format>,
 }
 
 #[derive(Default)]
@@ -204,7 +211,14 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         };
         s.schemas += 1;
         s.current = f.display().to_string();
-        let source = serde_json::to_string(&doc["schema"])?;
+        let source = match args.as_tools {
+            None => serde_json::to_string(&doc["schema"])?,
+            Some(format) => json!({
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": doc["schema"]}}],
+                "tool_choice": "required", "parallel_tool_calls": false, "format": format.name(),
+            })
+            .to_string(),
+        };
         let t0 = Instant::now();
         let compiled = match inst.compile(&args.kind, &source, &args.options) {
             Ok(c) => c,
@@ -219,7 +233,17 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         s.compile_ms.push(t0.elapsed().as_secs_f64() * 1e3);
         s.compiled += 1;
         for t in doc["tests"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-            let text = serde_json::to_string(&t["data"])?;
+            let mut text = serde_json::to_string(&t["data"])?;
+            if let Some(format) = args.as_tools {
+                let s = format.syntax();
+                text = format!(
+                    "{}f{}{text}{}{}",
+                    s.first_open(),
+                    s.name_to_args,
+                    s.call_close,
+                    s.section_close
+                );
+            }
             let tokens = canonical.tokenize(text.as_bytes());
             let valid = t["valid"].as_bool().unwrap_or(false);
             let m = match inst.new_matcher(&compiled) {
