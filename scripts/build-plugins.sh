@@ -8,7 +8,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 
-builtin=(regex:constraints/regex choice:constraints/choice json-schema:constraints/json-schema tool-call:constraints/tool-call)
+builtin=(regex:constraints/regex choice:constraints/choice json-schema:constraints/json-schema tool-call:constraints/tool-call grammar:constraints/grammar)
 testonly=(testkit:tests/plugins/testkit)
 
 

@@ -314,9 +314,10 @@ impl Recognizer for ToolCallRecognizer {
         for part in parts {
             let outer = State::Args { tool: *tool, inner: part };
             let State::Args { inner: part, .. } = &outer else { continue };
-            let fast = dspark_plugin_json_schema::strings::fill_embedded_string_mask(args, part, table, set, &|bytes| {
-                self.accepts(&outer, bytes)
-            });
+            let fast =
+                dspark_plugin_json_schema::strings::fill_embedded_string_mask(args, part, table, set, &|bytes| {
+                    self.accepts(&outer, bytes)
+                });
             if !fast {
                 table.trie().walk(&outer, &mut stack, |s, b| self.advance(s, b), |t| set.insert(t));
             }

@@ -80,11 +80,13 @@ pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
         ConstraintCommand::Maskbench { runtime, tokenizer, data, limit, json, plugin, kind, options, as_tools } => {
             let as_tools = as_tools
                 .map(|f| {
-                    dspark_plugin_tool_call::Format::from_name(&f)
-                        .ok_or_else(|| anyhow!("--as-tools: unknown format `{f}`; known: hermes, llama3, mistral, generic"))
+                    dspark_plugin_tool_call::Format::from_name(&f).ok_or_else(|| {
+                        anyhow!("--as-tools: unknown format `{f}`; known: hermes, llama3, mistral, generic")
+                    })
                 })
                 .transpose()?;
-            let (plugin, kind) = if as_tools.is_some() { ("tool-call".into(), "tool-call".into()) } else { (plugin, kind) };
+            let (plugin, kind) =
+                if as_tools.is_some() { ("tool-call".into(), "tool-call".into()) } else { (plugin, kind) };
             return super::maskbench::run(super::maskbench::Args {
                 runtime,
                 plugin,

@@ -236,13 +236,7 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             let mut text = serde_json::to_string(&t["data"])?;
             if let Some(format) = args.as_tools {
                 let s = format.syntax();
-                text = format!(
-                    "{}f{}{text}{}{}",
-                    s.first_open(),
-                    s.name_to_args,
-                    s.call_close,
-                    s.section_close
-                );
+                text = format!("{}f{}{text}{}{}", s.first_open(), s.name_to_args, s.call_close, s.section_close);
             }
             let tokens = canonical.tokenize(text.as_bytes());
             let valid = t["valid"].as_bool().unwrap_or(false);

@@ -1,0 +1,311 @@
+//! The grammar as a byte recogniser: a nondeterministic pushdown automaton whose
+//! configurations are parse stacks.
+//!
+//! A configuration's top frame is where it is: inside an alternative at a symbol
+//! ([`Frame::Sym`]), inside a terminal's DFA ([`Frame::Tok`]), inside the `%ignore` DFA, or at
+//! the end. A byte expands nonterminals at the top until a terminal is reached (a prediction
+//! per alternative) and steps its DFA. A call in tail position replaces its caller's frame, so
+//! repetition (`S: e S | ε`) runs in constant stack depth; nesting depth is the output's own.
+//!
+//! Stacks are persistent linked lists with the hash of each tail stored in its link, so a
+//! clone (one per token-trie node in a mask) copies one frame and one pointer, and equal
+//! configurations are found by hash. The state is the deduplicated set of configurations,
+//! ordered by hash; its key hashes exactly that, so two prefixes that leave the same parse
+//! stacks share their masks.
+//!
+//! Lark terminals match greedily: a token ends only where the next byte cannot continue it
+//! (a lexer's longest match, without its backtracking to an earlier, shorter match). GBNF text
+//! is plain context-free: a terminal may end wherever its DFA accepts.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use dspark_guest::{Recognizer, key};
+use regex_automata::dfa::Automaton;
+use regex_automata::util::primitives::StateID;
+
+use crate::compile::{Compiled, Sym};
+
+/// The most configurations one state keeps; past this the grammar is too ambiguous to follow
+/// and the extra parses are dropped (the output stays valid; some valid texts are refused).
+pub const MAX_CONFIGS: usize = 256;
+/// The most expansion steps one byte may take per configuration.
+const STEP_BUDGET: u32 = 20_000;
+
+/// Where a configuration is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Frame {
+    /// In alternative `alt`, before symbol `pos` (for a caller: where it resumes).
+    Sym {
+        /// The alternative.
+        alt: u32,
+        /// The symbol index.
+        pos: u32,
+    },
+    /// Inside terminal `t`, at DFA state `s`.
+    Tok {
+        /// The terminal.
+        t: u32,
+        /// The DFA state.
+        s: u32,
+    },
+    /// Inside the `%ignore` terminal, at DFA state `s`; below is the frame it returns to.
+    Ignore {
+        /// The DFA state.
+        s: u32,
+    },
+    /// Below everything: the output may end here.
+    End,
+}
+
+/// A stack link: a frame, the rest below it, and the hash of both.
+#[derive(Debug)]
+struct Link {
+    frame: Frame,
+    below: Option<Arc<Link>>,
+    hash: u64,
+}
+
+/// One parse stack.
+#[derive(Clone, Debug)]
+pub struct Config {
+    top: Frame,
+    below: Option<Arc<Link>>,
+}
+
+fn frame_hash(f: &Frame) -> u64 {
+    key::of(f)
+}
+
+fn links_equal(a: &Option<Arc<Link>>, b: &Option<Arc<Link>>) -> bool {
+    let (mut a, mut b) = (a, b);
+    loop {
+        match (a, b) {
+            (None, None) => return true,
+            (Some(x), Some(y)) => {
+                if Arc::ptr_eq(x, y) {
+                    return true;
+                }
+                if x.hash != y.hash || x.frame != y.frame {
+                    return false;
+                }
+                a = &x.below;
+                b = &y.below;
+            }
+            _ => return false,
+        }
+    }
+}
+
+impl Config {
+    fn hash64(&self) -> u64 {
+        key::mix(frame_hash(&self.top), self.below.as_ref().map_or(0, |l| l.hash))
+    }
+
+    fn with_top(&self, top: Frame) -> Config {
+        Config { top, below: self.below.clone() }
+    }
+
+    fn push(&self, top: Frame) -> Config {
+        let below_hash = self.below.as_ref().map_or(0, |l| l.hash);
+        let link =
+            Link { frame: self.top, below: self.below.clone(), hash: key::mix(frame_hash(&self.top), below_hash) };
+        Config { top, below: Some(Arc::new(link)) }
+    }
+
+    fn pop(&self) -> Option<Config> {
+        self.below.as_ref().map(|l| Config { top: l.frame, below: l.below.clone() })
+    }
+}
+
+impl PartialEq for Config {
+    fn eq(&self, other: &Self) -> bool {
+        self.top == other.top && links_equal(&self.below, &other.below)
+    }
+}
+
+impl Eq for Config {}
+
+/// The recogniser state: its live configurations, deduplicated, ordered by hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct State {
+    configs: Vec<(u64, Config)>,
+}
+
+impl Hash for State {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        for (k, _) in &self.configs {
+            k.hash(h);
+        }
+    }
+}
+
+/// A compiled grammar as a [`Recognizer`].
+pub struct GrammarRecognizer {
+    g: Compiled,
+}
+
+impl GrammarRecognizer {
+    /// Wraps a compiled grammar.
+    pub fn new(g: Compiled) -> Self {
+        Self { g }
+    }
+
+    /// Whether the whole of `text` is in the language (for tests).
+    pub fn matches(&self, text: &[u8]) -> bool {
+        let mut s = self.start();
+        for &b in text {
+            match self.advance(&s, b) {
+                Some(n) => s = n,
+                None => return false,
+            }
+        }
+        self.is_accepting(&s)
+    }
+
+    fn dfa_step(&self, t: u32, s: u32, b: u8) -> Option<u32> {
+        let dfa = &self.g.dfas[t as usize].dfa;
+        let next = dfa.next_state(StateID::new_unchecked(s as usize), b);
+        (!dfa.is_dead_state(next) && !dfa.is_quit_state(next)).then(|| next.as_u32())
+    }
+
+    fn dfa_accepts(&self, t: u32, s: u32) -> bool {
+        let dfa = &self.g.dfas[t as usize].dfa;
+        dfa.is_match_state(dfa.next_eoi_state(StateID::new_unchecked(s as usize)))
+    }
+
+    /// Feeds `b` to configuration `c`, pushing the results into `out`.
+    fn step(&self, c: Config, b: u8, out: &mut Vec<(u64, Config)>, budget: &mut u32) {
+        if *budget == 0 {
+            return;
+        }
+        *budget -= 1;
+        match c.top {
+            Frame::Tok { t, s } => self.step_token(&c, t, s, false, b, out, budget),
+            Frame::Ignore { s } => {
+                if let Some(i) = self.g.ignore {
+                    self.step_token(&c, i, s, true, b, out, budget);
+                }
+            }
+            Frame::Sym { alt, pos } => {
+                let syms = &self.g.alts[alt as usize];
+                let pos = pos as usize;
+                if pos == syms.len() {
+                    if let Some(p) = c.pop() {
+                        self.step(p, b, out, budget);
+                    }
+                    return;
+                }
+                // What the caller resumes with: the next symbol, or (a tail call) its caller.
+                let rest = if pos + 1 == syms.len() {
+                    c.pop()
+                } else {
+                    Some(c.with_top(Frame::Sym { alt, pos: pos as u32 + 1 }))
+                };
+                let Some(rest) = rest else { return };
+                match syms[pos] {
+                    Sym::N(n) => {
+                        for &a in &self.g.nonterms[n as usize].alts {
+                            self.step(rest.push(Frame::Sym { alt: a, pos: 0 }), b, out, budget);
+                        }
+                    }
+                    Sym::T(t) => {
+                        let start = self.g.dfas[t as usize].start;
+                        self.step(rest.push(Frame::Tok { t, s: start }), b, out, budget);
+                        if let Some(i) = self.g.ignore {
+                            let start = self.g.dfas[i as usize].start;
+                            self.step(c.push(Frame::Ignore { s: start }), b, out, budget);
+                        }
+                    }
+                }
+            }
+            Frame::End => {
+                if let Some(i) = self.g.ignore {
+                    let start = self.g.dfas[i as usize].start;
+                    self.step(c.push(Frame::Ignore { s: start }), b, out, budget);
+                }
+            }
+        }
+    }
+
+    /// Feeds `b` to a configuration inside terminal `t` (the `%ignore` one when `ignore`):
+    /// the token goes on if the byte continues it, and ends here, handing the byte to what
+    /// follows, if it can end and (for greedy tokens) the byte does not continue it.
+    #[allow(clippy::too_many_arguments)]
+    fn step_token(
+        &self,
+        c: &Config,
+        t: u32,
+        s: u32,
+        ignore: bool,
+        b: u8,
+        out: &mut Vec<(u64, Config)>,
+        budget: &mut u32,
+    ) {
+        let next = self.dfa_step(t, s, b);
+        if let Some(n) = next {
+            let nc = c.with_top(if ignore { Frame::Ignore { s: n } } else { Frame::Tok { t, s: n } });
+            out.push((nc.hash64(), nc));
+        }
+        if (next.is_none() || !self.g.greedy)
+            && self.dfa_accepts(t, s)
+            && let Some(p) = c.pop()
+        {
+            self.step(p, b, out, budget);
+        }
+    }
+
+    fn config_accepting(&self, c: &Config) -> bool {
+        let mut c = c.clone();
+        loop {
+            let done = match c.top {
+                Frame::End => return true,
+                Frame::Tok { t, s } => self.dfa_accepts(t, s),
+                Frame::Ignore { s } => self.g.ignore.is_some_and(|i| self.dfa_accepts(i, s)),
+                Frame::Sym { alt, pos } => self.g.nullable_suffix[alt as usize][pos as usize],
+            };
+            if !done {
+                return false;
+            }
+            match c.pop() {
+                Some(p) => c = p,
+                None => return false,
+            }
+        }
+    }
+}
+
+impl Recognizer for GrammarRecognizer {
+    type State = State;
+
+    fn start(&self) -> State {
+        let bottom = Config { top: Frame::End, below: None };
+        let c = bottom.push(Frame::Sym { alt: self.g.start_alt, pos: 0 });
+        State { configs: vec![(c.hash64(), c)] }
+    }
+
+    fn advance(&self, state: &State, byte: u8) -> Option<State> {
+        let mut out = Vec::new();
+        for (_, c) in &state.configs {
+            let mut budget = STEP_BUDGET;
+            self.step(c.clone(), byte, &mut out, &mut budget);
+        }
+        if out.is_empty() {
+            return None;
+        }
+        if out.len() > 1 {
+            out.sort_by_key(|(h, _)| *h);
+            out.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+            out.truncate(MAX_CONFIGS);
+        }
+        Some(State { configs: out })
+    }
+
+    fn is_accepting(&self, state: &State) -> bool {
+        state.configs.iter().any(|(_, c)| self.config_accepting(c))
+    }
+
+    fn state_key(&self, state: &State) -> u64 {
+        key::of(state)
+    }
+}
