@@ -20,7 +20,7 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use dspark_guest::{Recognizer, key};
+use dspark_guest::{Recognizer, TokenSet, TokenTable, key};
 use regex_automata::dfa::Automaton;
 use regex_automata::util::primitives::StateID;
 
@@ -140,6 +140,23 @@ impl Hash for State {
     }
 }
 
+/// Configurations that are all inside the same token at the same DFA state: the trie walk
+/// for a mask steps the DFA alone and leaves their stacks untouched until the token ends.
+#[derive(Debug)]
+struct Group {
+    /// The terminal (the `%ignore` one when `ignore`).
+    t: u32,
+    ignore: bool,
+    configs: Vec<Config>,
+}
+
+/// The state of a mask's trie walk: one group inside a token, or a general state.
+#[derive(Clone, Debug)]
+enum Walk {
+    Token { group: Arc<Group>, s: u32 },
+    Full(State),
+}
+
 /// A compiled grammar as a [`Recognizer`].
 pub struct GrammarRecognizer {
     g: Compiled,
@@ -255,6 +272,54 @@ impl GrammarRecognizer {
         }
     }
 
+    /// A state as a walk state: a token group when every configuration's top is the same
+    /// token frame.
+    fn to_walk(&self, state: State) -> Walk {
+        let top = state.configs[0].1.top;
+        let (t, ignore, s) = match top {
+            Frame::Tok { t, s } => (t, false, s),
+            Frame::Ignore { s } => match self.g.ignore {
+                Some(i) => (i, true, s),
+                None => return Walk::Full(state),
+            },
+            _ => return Walk::Full(state),
+        };
+        if state.configs.iter().any(|(_, c)| c.top != top) {
+            return Walk::Full(state);
+        }
+        let configs = state.configs.into_iter().map(|(_, c)| c).collect();
+        Walk::Token { group: Arc::new(Group { t, ignore, configs }), s }
+    }
+
+    /// [`Recognizer::advance`] for walk states: inside a token, a byte that only continues
+    /// it is one DFA step.
+    fn walk_advance(&self, w: &Walk, b: u8) -> Option<Walk> {
+        match w {
+            Walk::Full(state) => self.advance(state, b).map(|n| self.to_walk(n)),
+            Walk::Token { group, s } => {
+                let next = self.dfa_step(group.t, *s, b);
+                let accepting = self.dfa_accepts(group.t, *s);
+                match next {
+                    Some(n) if self.g.greedy || !accepting => Some(Walk::Token { group: group.clone(), s: n }),
+                    None if !accepting => None,
+                    _ => {
+                        let top = if group.ignore { Frame::Ignore { s: *s } } else { Frame::Tok { t: group.t, s: *s } };
+                        let mut configs: Vec<(u64, Config)> = group
+                            .configs
+                            .iter()
+                            .map(|c| {
+                                let c = c.with_top(top);
+                                (c.hash64(), c)
+                            })
+                            .collect();
+                        configs.sort_by_key(|(h, _)| *h);
+                        self.advance(&State { configs }, b).map(|n| self.to_walk(n))
+                    }
+                }
+            }
+        }
+    }
+
     fn config_accepting(&self, c: &Config) -> bool {
         let mut c = c.clone();
         loop {
@@ -307,5 +372,12 @@ impl Recognizer for GrammarRecognizer {
 
     fn state_key(&self, state: &State) -> u64 {
         key::of(state)
+    }
+
+    fn fill_mask(&self, state: &State, table: &TokenTable, set: &mut TokenSet) -> bool {
+        let start = self.to_walk(state.clone());
+        let mut stack = Vec::new();
+        table.trie().walk(&start, &mut stack, |w, b| self.walk_advance(w, b), |t| set.insert(t));
+        true
     }
 }

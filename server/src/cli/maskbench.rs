@@ -6,6 +6,10 @@
 //! forced spans where they match the instance's own tokens; walk each invalid instance to see
 //! whether it is rejected (a token disallowed or the end not accepting).
 //!
+//! Grammar files (`*.lark`, `*.gbnf`) in the folder are benchmarked too, as their own kind
+//! (`--plugin grammar`), with the texts of `FILE.samples.json` (`{"valid": [...], "invalid":
+//! [...]}`) as the instances; this is how the grammar fixtures are measured.
+//!
 //! With `--as-tools FORMAT` each schema becomes the parameters of one tool `f` for the
 //! `tool-call` plugin (`tool_choice: "required"`, one call), and each instance is walked as
 //! the whole call, `<tool_call>\n{"name": "f", "arguments": INSTANCE}\n</tool_call>` in the
@@ -72,7 +76,9 @@ fn schema_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     for p in entries {
         if p.is_dir() {
             schema_files(&p, out)?;
-        } else if p.extension().is_some_and(|e| e == "json") {
+        } else if p.to_string_lossy().ends_with(".samples.json") {
+            continue;
+        } else if p.extension().is_some_and(|e| e == "json" || e == "lark" || e == "gbnf") {
             out.push(p);
         }
     }
@@ -181,6 +187,52 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
+/// One benchmark file: what to compile and the texts to walk.
+struct Case {
+    kind: String,
+    source: String,
+    options: String,
+    /// (text, whether it is valid).
+    tests: Vec<(String, bool)>,
+}
+
+/// Reads a schema file (`{schema, tests}`) or a grammar file with its samples; `None` for a
+/// file that cannot be read or parsed.
+fn read_case(f: &Path, args: &Args) -> Option<Case> {
+    let text = std::fs::read_to_string(f).ok()?;
+    let ext = f.extension()?.to_str()?;
+    if ext == "lark" || ext == "gbnf" {
+        let samples_path = PathBuf::from(format!("{}.samples.json", f.display()));
+        let samples: Value = serde_json::from_str(&std::fs::read_to_string(samples_path).ok()?).ok()?;
+        let mut tests = Vec::new();
+        for (key, valid) in [("valid", true), ("invalid", false)] {
+            for t in samples[key].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+                tests.push((t.as_str()?.to_string(), valid));
+            }
+        }
+        return Some(Case { kind: ext.to_string(), source: text, options: "{}".into(), tests });
+    }
+    let doc: Value = serde_json::from_str(&text).ok()?;
+    let source = match args.as_tools {
+        None => serde_json::to_string(&doc["schema"]).ok()?,
+        Some(format) => json!({
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": doc["schema"]}}],
+            "tool_choice": "required", "parallel_tool_calls": false, "format": format.name(),
+        })
+        .to_string(),
+    };
+    let mut tests = Vec::new();
+    for t in doc["tests"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+        let mut text = serde_json::to_string(&t["data"]).ok()?;
+        if let Some(format) = args.as_tools {
+            let s = format.syntax();
+            text = format!("{}f{}{text}{}{}", s.first_open(), s.name_to_args, s.call_close, s.section_close);
+        }
+        tests.push((text, t["valid"].as_bool().unwrap_or(false)));
+    }
+    Some(Case { kind: args.kind.clone(), source, options: args.options.clone(), tests })
+}
+
 pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let wall = Instant::now();
     // A benchmark measures rather than protects: traps are counted by cause, and the plugin
@@ -205,22 +257,11 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     }
     let mut s = Stats::default();
     for f in &files {
-        let doc: Value = match std::fs::read_to_string(f).ok().and_then(|t| serde_json::from_str(&t).ok()) {
-            Some(d) => d,
-            None => continue,
-        };
+        let Some(case) = read_case(f, &args) else { continue };
         s.schemas += 1;
         s.current = f.display().to_string();
-        let source = match args.as_tools {
-            None => serde_json::to_string(&doc["schema"])?,
-            Some(format) => json!({
-                "tools": [{"type": "function", "function": {"name": "f", "parameters": doc["schema"]}}],
-                "tool_choice": "required", "parallel_tool_calls": false, "format": format.name(),
-            })
-            .to_string(),
-        };
         let t0 = Instant::now();
-        let compiled = match inst.compile(&args.kind, &source, &args.options) {
+        let compiled = match inst.compile(&case.kind, &case.source, &case.options) {
             Ok(c) => c,
             Err(e) => {
                 *s.compile_errors.entry(cause(&e)).or_default() += 1;
@@ -232,14 +273,8 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         };
         s.compile_ms.push(t0.elapsed().as_secs_f64() * 1e3);
         s.compiled += 1;
-        for t in doc["tests"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-            let mut text = serde_json::to_string(&t["data"])?;
-            if let Some(format) = args.as_tools {
-                let s = format.syntax();
-                text = format!("{}f{}{text}{}{}", s.first_open(), s.name_to_args, s.call_close, s.section_close);
-            }
+        for (text, valid) in case.tests {
             let tokens = canonical.tokenize(text.as_bytes());
-            let valid = t["valid"].as_bool().unwrap_or(false);
             let m = match inst.new_matcher(&compiled) {
                 Ok(m) => m,
                 Err(_) => break,
