@@ -2,6 +2,7 @@
 # Builds the constraint plugins for wasm32-wasip2 and lays them out as plugin registries:
 #   plugins/<name>/{plugin.toml,plugin.wasm}        the built-in plugins (the server's default)
 #   build/test-plugins/<name>/{...}                 plugins only the test suite loads
+#   build/example-plugins/<name>/{...}              the SDK tutorial's example (examples/)
 # Each manifest gets the sha256 of its component. Run by scripts/test.sh and scripts/serve.sh.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -10,6 +11,7 @@ target_dir="${CARGO_TARGET_DIR:-$root/target}"
 
 builtin=(regex:constraints/regex choice:constraints/choice json-schema:constraints/json-schema tool-call:constraints/tool-call grammar:constraints/grammar)
 testonly=(testkit:tests/plugins/testkit)
+examples=(iso-duration:examples/iso-duration)
 
 
 install_plugin() { # name crate_dir registry_dir
@@ -42,3 +44,4 @@ build_and_install() { # name crate_dir registry_dir
 }
 for entry in "${builtin[@]}"; do build_and_install "${entry%%:*}" "${entry#*:}" "$root/plugins"; done
 for entry in "${testonly[@]}"; do build_and_install "${entry%%:*}" "${entry#*:}" "$root/build/test-plugins"; done
+for entry in "${examples[@]}"; do build_and_install "${entry%%:*}" "${entry#*:}" "$root/build/example-plugins"; done

@@ -427,3 +427,80 @@ fn tool_calls_in_the_generic_format() {
     );
     assert_error(&r, 400, Some("tool_choice"), "cannot be combined with `response_format`");
 }
+
+/// Grammars through the API: Lark in `structured_outputs.grammar`, GBNF in `guided_grammar`;
+/// answers are sentences of their grammar (checked with the grammar crate natively), and a
+/// syntax error is a 400 with its line and column.
+#[test]
+fn grammars_in_both_syntaxes() {
+    let server = start(&[]);
+    let addr = server.addr;
+    let fixture = |name: &str| {
+        std::fs::read_to_string(format!("{}/../constraints/grammar/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR")))
+            .unwrap()
+    };
+    let cases = [
+        ("lark", fixture("arithmetic.lark"), json!({"structured_outputs": {"grammar": fixture("arithmetic.lark")}})),
+        ("gbnf", fixture("csv3.gbnf"), json!({"guided_grammar": fixture("csv3.gbnf")})),
+        ("lark", fixture("sql.lark"), json!({"structured_outputs": {"grammar": fixture("sql.lark")}})),
+    ];
+    for (kind, grammar, fields) in cases {
+        let mut body = chat(fields);
+        body["max_tokens"] = json!(60);
+        body["messages"] = json!([{"role": "user", "content": "Write one example."}]);
+        let r = post_json(addr, "/v1/chat/completions", &body).json();
+        let text = content(&r).to_string();
+        let rec = dspark_plugin_grammar::compile_recognizer(kind, &grammar).unwrap();
+        match r["choices"][0]["finish_reason"].as_str() {
+            Some("stop") => assert!(rec.matches(text.as_bytes()), "{kind}: {text:?} is not a sentence"),
+            Some("length") => assert!(!text.is_empty()),
+            other => panic!("{kind}: finish_reason {other:?}: {r}"),
+        }
+    }
+    let body = chat(json!({"structured_outputs": {"grammar": "start: a\na: \"x\" b\n"}}));
+    let r = http::send(addr, "POST", "/v1/chat/completions", &[("content-type", "application/json")], body.to_string().as_bytes());
+    assert_error(&r, 400, Some("structured_outputs.grammar"), "at 2:8: `b` is not defined");
+}
+
+/// The SDK tutorial's example plugin (examples/iso-duration), built by scripts/build-plugins.sh,
+/// installed into a running server's registry by copying its folder, then used through the
+/// `response_format` plugin extension: the answer is an ISO 8601 duration.
+#[test]
+fn an_example_plugin_installed_into_a_running_server() {
+    let registry = tempfile::tempdir().unwrap();
+    let model = smollm2();
+    let server = dspark_tests::server::Server::start_with_plugins(
+        Path::new(env!("CARGO_BIN_EXE_dspark")),
+        registry.path(),
+        &["--model", model.to_str().unwrap(), "--served-model-name", MODEL],
+    );
+    let addr = server.addr;
+    let source = dspark_tests::example_plugin("iso-duration");
+    let target = registry.path().join("iso-duration");
+    std::fs::create_dir(&target).unwrap();
+    for file in ["plugin.toml", "plugin.wasm"] {
+        std::fs::copy(source.join(file), target.join(file)).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let plugins = get(addr, "/v1/plugins").json();
+        let ready = plugins["data"].as_array().unwrap().iter().any(|p| p["name"] == "iso-duration" && p["status"] == "ready");
+        if ready {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the plugin was not picked up: {plugins}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let format = json!({"type": "plugin", "plugin": "iso-duration", "kind": "iso8601-duration", "source": "", "options": {"max_digits": 3}});
+    let mut body = chat(json!({"response_format": format}));
+    body["messages"] = json!([{"role": "user", "content": "How long is a marathon for a beginner?"}]);
+    body["max_tokens"] = json!(24);
+    let r = post_json(addr, "/v1/chat/completions", &body).json();
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    let text = content(&r);
+    use dspark_guest::{Plugin, TokenTable};
+    let table = std::sync::Arc::new(TokenTable::byte_level_for_tests(&[]));
+    let c = dspark_plugin_iso_duration::IsoDurationPlugin.compile("iso8601-duration", "", r#"{"max_digits": 3}"#, &table).unwrap();
+    let w = dspark_guest::testing::walk_text(&mut *c.new_matcher(), &table, text.as_bytes());
+    assert!(w.accepted(), "{text:?} is not an ISO 8601 duration");
+}

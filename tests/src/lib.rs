@@ -40,6 +40,12 @@ pub fn test_plugin(name: &str) -> PathBuf {
     repo_root().join("build/test-plugins").join(name)
 }
 
+/// The folder of an example plugin (`build/example-plugins/<name>`, from `examples/`).
+pub fn example_plugin(name: &str) -> PathBuf {
+    require(&format!("build/example-plugins/{name}/plugin.wasm"), "scripts/build-plugins.sh");
+    repo_root().join("build/example-plugins").join(name)
+}
+
 /// A fetched tokenizer (`assets/tokenizers/<name>/tokenizer.json`).
 pub fn tokenizer_json(name: &str) -> PathBuf {
     require(&format!("assets/tokenizers/{name}/tokenizer.json"), "scripts/fetch-assets.sh")

@@ -21,13 +21,18 @@ impl Server {
     /// Starts `binary serve ARGS --port 0` with the built plugins and waits until it listens.
     pub fn start(binary: &Path, args: &[&str]) -> Self {
         crate::builtin_plugin("json-schema");
+        Self::start_with_plugins(binary, &repo_root().join("plugins"), args)
+    }
+
+    /// [`Server::start`] with another plugin registry directory.
+    pub fn start_with_plugins(binary: &Path, plugins: &Path, args: &[&str]) -> Self {
         let state = tempfile::tempdir().expect("state dir");
         let mut child = Command::new(binary)
             .current_dir(repo_root())
             .arg("serve")
             .args(args)
             .args(["--port", "0", "--plugins-dir"])
-            .arg(repo_root().join("plugins"))
+            .arg(plugins)
             .arg("--state-dir")
             .arg(state.path())
             .env("DSPARK_LOG", "info")
