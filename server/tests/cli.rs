@@ -106,7 +106,10 @@ fn constraint_check_fails_on_a_rejected_token_an_incomplete_text_and_a_bad_sourc
     );
     assert_eq!(missing.status.code(), Some(2));
     let err = String::from_utf8_lossy(&missing.stderr);
-    assert!(err.contains("no plugin `nope` in plugins (found: choice, json-schema, regex)"), "{err}");
+    assert!(
+        err.contains("no plugin `nope` in plugins (found: choice, grammar, json-schema, regex, tool-call)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -117,7 +120,7 @@ fn plugins_list_and_validate() {
     assert!(o.status.success());
     let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let names: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-    assert_eq!(names, vec!["choice", "json-schema", "regex"]);
+    assert_eq!(names, vec!["choice", "grammar", "json-schema", "regex", "tool-call"]);
     assert!(rows.as_array().unwrap().iter().all(|r| r["status"] == "ready"));
     let v = dspark(&["plugins", "validate", "plugins/regex"], state.path());
     assert!(v.status.success());

@@ -458,7 +458,13 @@ fn grammars_in_both_syntaxes() {
         }
     }
     let body = chat(json!({"structured_outputs": {"grammar": "start: a\na: \"x\" b\n"}}));
-    let r = http::send(addr, "POST", "/v1/chat/completions", &[("content-type", "application/json")], body.to_string().as_bytes());
+    let r = http::send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    );
     assert_error(&r, 400, Some("structured_outputs.grammar"), "at 2:8: `b` is not defined");
 }
 
@@ -484,7 +490,8 @@ fn an_example_plugin_installed_into_a_running_server() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let plugins = get(addr, "/v1/plugins").json();
-        let ready = plugins["data"].as_array().unwrap().iter().any(|p| p["name"] == "iso-duration" && p["status"] == "ready");
+        let ready =
+            plugins["data"].as_array().unwrap().iter().any(|p| p["name"] == "iso-duration" && p["status"] == "ready");
         if ready {
             break;
         }
@@ -500,7 +507,9 @@ fn an_example_plugin_installed_into_a_running_server() {
     let text = content(&r);
     use dspark_guest::{Plugin, TokenTable};
     let table = std::sync::Arc::new(TokenTable::byte_level_for_tests(&[]));
-    let c = dspark_plugin_iso_duration::IsoDurationPlugin.compile("iso8601-duration", "", r#"{"max_digits": 3}"#, &table).unwrap();
+    let c = dspark_plugin_iso_duration::IsoDurationPlugin
+        .compile("iso8601-duration", "", r#"{"max_digits": 3}"#, &table)
+        .unwrap();
     let w = dspark_guest::testing::walk_text(&mut *c.new_matcher(), &table, text.as_bytes());
     assert!(w.accepted(), "{text:?} is not an ISO 8601 duration");
 }

@@ -140,8 +140,9 @@ impl Hash for State {
     }
 }
 
-/// Configurations that are all inside the same token at the same DFA state: the trie walk
-/// for a mask steps the DFA alone and leaves their stacks untouched until the token ends.
+/// Configurations that are all inside the same token at the same DFA state when a mask's
+/// trie walk meets them: the walk steps the DFA alone and leaves their stacks untouched until
+/// the token ends.
 #[derive(Debug)]
 struct Group {
     /// The terminal (the `%ignore` one when `ignore`).
@@ -150,10 +151,17 @@ struct Group {
     configs: Vec<Config>,
 }
 
-/// The state of a mask's trie walk: one group inside a token, or a general state.
+/// The most token groups a walk state steps without materialising its configurations.
+const MAX_GROUPS: usize = 8;
+/// A group whose token ended or died.
+const GONE: u32 = u32::MAX;
+
+/// The state of a mask's trie walk. `Tokens` is the common case and allocation-free to clone
+/// and step: every configuration is inside a token, and only the DFA states change until a
+/// token ends; `Full` is any other state.
 #[derive(Clone, Debug)]
 enum Walk {
-    Token { group: Arc<Group>, s: u32 },
+    Tokens { groups: Arc<Vec<Group>>, states: [u32; MAX_GROUPS] },
     Full(State),
 }
 
@@ -272,52 +280,76 @@ impl GrammarRecognizer {
         }
     }
 
-    /// A state as a walk state: a token group when every configuration's top is the same
-    /// token frame.
+    /// A state as a walk state: token groups when every configuration is inside a token
+    /// (at most [`MAX_GROUPS`] distinct token frames), else the state itself.
     fn to_walk(&self, state: State) -> Walk {
-        let top = state.configs[0].1.top;
-        let (t, ignore, s) = match top {
-            Frame::Tok { t, s } => (t, false, s),
-            Frame::Ignore { s } => match self.g.ignore {
-                Some(i) => (i, true, s),
-                None => return Walk::Full(state),
-            },
-            _ => return Walk::Full(state),
-        };
-        if state.configs.iter().any(|(_, c)| c.top != top) {
-            return Walk::Full(state);
-        }
-        let configs = state.configs.into_iter().map(|(_, c)| c).collect();
-        Walk::Token { group: Arc::new(Group { t, ignore, configs }), s }
-    }
-
-    /// [`Recognizer::advance`] for walk states: inside a token, a byte that only continues
-    /// it is one DFA step.
-    fn walk_advance(&self, w: &Walk, b: u8) -> Option<Walk> {
-        match w {
-            Walk::Full(state) => self.advance(state, b).map(|n| self.to_walk(n)),
-            Walk::Token { group, s } => {
-                let next = self.dfa_step(group.t, *s, b);
-                let accepting = self.dfa_accepts(group.t, *s);
-                match next {
-                    Some(n) if self.g.greedy || !accepting => Some(Walk::Token { group: group.clone(), s: n }),
-                    None if !accepting => None,
-                    _ => {
-                        let top = if group.ignore { Frame::Ignore { s: *s } } else { Frame::Tok { t: group.t, s: *s } };
-                        let mut configs: Vec<(u64, Config)> = group
-                            .configs
-                            .iter()
-                            .map(|c| {
-                                let c = c.with_top(top);
-                                (c.hash64(), c)
-                            })
-                            .collect();
-                        configs.sort_by_key(|(h, _)| *h);
-                        self.advance(&State { configs }, b).map(|n| self.to_walk(n))
-                    }
+        let mut groups: Vec<Group> = Vec::new();
+        let mut states = [GONE; MAX_GROUPS];
+        for (_, c) in &state.configs {
+            let (t, ignore, s) = match c.top {
+                Frame::Tok { t, s } => (t, false, s),
+                Frame::Ignore { s } => match self.g.ignore {
+                    Some(i) => (i, true, s),
+                    None => return Walk::Full(state),
+                },
+                _ => return Walk::Full(state),
+            };
+            match groups.iter().enumerate().position(|(i, g)| g.t == t && g.ignore == ignore && states[i] == s) {
+                Some(i) => groups[i].configs.push(c.clone()),
+                None if groups.len() == MAX_GROUPS => return Walk::Full(state),
+                None => {
+                    states[groups.len()] = s;
+                    groups.push(Group { t, ignore, configs: vec![c.clone()] });
                 }
             }
         }
+        Walk::Tokens { groups: Arc::new(groups), states }
+    }
+
+    /// [`Recognizer::advance`] for walk states: while the byte only continues the tokens,
+    /// one DFA step per group; where a token may end, its configurations go through the
+    /// recogniser.
+    fn walk_advance(&self, w: &Walk, b: u8) -> Option<Walk> {
+        let (groups, states) = match w {
+            Walk::Full(state) => return self.advance(state, b).map(|n| self.to_walk(n)),
+            Walk::Tokens { groups, states } => (groups, states),
+        };
+        let mut next = [GONE; MAX_GROUPS];
+        let mut ending = false;
+        let mut alive = false;
+        for (i, g) in groups.iter().enumerate() {
+            let s = states[i];
+            if s == GONE {
+                continue;
+            }
+            let stepped = self.dfa_step(g.t, s, b);
+            let accepting = self.dfa_accepts(g.t, s);
+            match stepped {
+                Some(n) if self.g.greedy || !accepting => {
+                    next[i] = n;
+                    alive = true;
+                }
+                None if !accepting => {}
+                _ => ending = true,
+            }
+        }
+        if !ending {
+            return alive.then(|| Walk::Tokens { groups: groups.clone(), states: next });
+        }
+        // A token may end here: run the byte through the recogniser for every live group.
+        let mut configs: Vec<(u64, Config)> = Vec::new();
+        for (i, g) in groups.iter().enumerate() {
+            if states[i] == GONE {
+                continue;
+            }
+            let top = if g.ignore { Frame::Ignore { s: states[i] } } else { Frame::Tok { t: g.t, s: states[i] } };
+            configs.extend(g.configs.iter().map(|c| {
+                let c = c.with_top(top);
+                (c.hash64(), c)
+            }));
+        }
+        configs.sort_by_key(|(h, _)| *h);
+        self.advance(&State { configs }, b).map(|n| self.to_walk(n))
     }
 
     fn config_accepting(&self, c: &Config) -> bool {

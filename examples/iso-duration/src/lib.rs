@@ -15,7 +15,9 @@
 
 use std::sync::Arc;
 
-use dspark_guest::{CompiledConstraint, ConstraintError, ErrorCode, Plugin, Recognizer, RecognizerConstraint, TokenTable, key};
+use dspark_guest::{
+    CompiledConstraint, ConstraintError, ErrorCode, Plugin, Recognizer, RecognizerConstraint, TokenTable, key,
+};
 
 /// Where in a duration the output is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -78,8 +80,13 @@ impl Recognizer for IsoDuration {
                 let units = if s.time { TIME_UNITS } else { DATE_UNITS };
                 let idx = units.iter().position(|&u| u == unit)? as u8;
                 let fraction_ok = s.frac == 0 || (s.frac == 2 && s.time && unit == b'S');
-                (s.digits > 0 && idx >= s.next_unit && fraction_ok)
-                    .then(|| State { next_unit: idx + 1, digits: 0, frac: 0, any: true, ..n })
+                (s.digits > 0 && idx >= s.next_unit && fraction_ok).then(|| State {
+                    next_unit: idx + 1,
+                    digits: 0,
+                    frac: 0,
+                    any: true,
+                    ..n
+                })
             }
         }
     }
@@ -104,7 +111,10 @@ fn max_digits(options: &str) -> Result<u8, ConstraintError> {
         return Ok(9);
     }
     let bad = || {
-        ConstraintError::new(ErrorCode::InvalidOptions, format!("options must be {{\"max_digits\": 1..9}}; got {options}"))
+        ConstraintError::new(
+            ErrorCode::InvalidOptions,
+            format!("options must be {{\"max_digits\": 1..9}}; got {options}"),
+        )
     };
     let n = compact.strip_prefix("{\"max_digits\":").and_then(|r| r.strip_suffix('}')).ok_or_else(bad)?;
     n.parse::<u8>().ok().filter(|n| (1..=9).contains(n)).ok_or_else(bad)
@@ -124,7 +134,10 @@ impl Plugin for IsoDurationPlugin {
     ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
         dspark_guest::check_kind(kind, &["iso8601-duration"])?;
         if !source.trim().is_empty() {
-            return Err(ConstraintError::new(ErrorCode::InvalidSource, "iso8601-duration takes no source; leave it empty"));
+            return Err(ConstraintError::new(
+                ErrorCode::InvalidSource,
+                "iso8601-duration takes no source; leave it empty",
+            ));
         }
         let rec = IsoDuration { max_digits: max_digits(options)? };
         Ok(RecognizerConstraint::new(rec, table, Vec::new()))
