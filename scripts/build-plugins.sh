@@ -39,6 +39,10 @@ PY
 # packages of one build, and the json-schema crate exports its interface as a plugin but not
 # when tool-call links it as a library (which also rewrites json-schema's own .wasm).
 build_and_install() { # name crate_dir registry_dir
+  # Checkouts that share a CARGO_TARGET_DIR share the uplifted .wasm path: a crate cargo
+  # thinks fresh may leave another checkout's build there. Touching it makes this checkout's
+  # build the one copied (the crate alone recompiles, in seconds).
+  touch "$2/src/lib.rs"
   cargo build --quiet --profile plugin --target wasm32-wasip2 -p "dspark-plugin-$1"
   install_plugin "$@"
 }

@@ -17,7 +17,9 @@
 //! (a lexer's longest match, without its backtracking to an earlier, shorter match). GBNF text
 //! is plain context-free: a terminal may end wherever its DFA accepts.
 
+use std::cell::RefCell;
 use std::hash::{Hash, Hasher};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use dspark_guest::{Recognizer, TokenSet, TokenTable, key};
@@ -149,10 +151,14 @@ struct Group {
     t: u32,
     ignore: bool,
     configs: Vec<Config>,
+    /// What a byte that ends the token leads to, by byte: a greedy token that ends hands the
+    /// byte to its configurations' callers, whatever DFA state it ended in, so the answer is
+    /// the same at every trie node where this group's token ends with that byte.
+    after: RefCell<Vec<(u8, Option<Walk>)>>,
 }
 
 /// The most token groups a walk state steps without materialising its configurations.
-const MAX_GROUPS: usize = 8;
+const MAX_GROUPS: usize = 24;
 /// A group whose token ended or died.
 const GONE: u32 = u32::MAX;
 
@@ -161,7 +167,7 @@ const GONE: u32 = u32::MAX;
 /// token ends; `Full` is any other state.
 #[derive(Clone, Debug)]
 enum Walk {
-    Tokens { groups: Arc<Vec<Group>>, states: [u32; MAX_GROUPS] },
+    Tokens { groups: Rc<Vec<Group>>, states: [u32; MAX_GROUPS] },
     Full(State),
 }
 
@@ -299,11 +305,11 @@ impl GrammarRecognizer {
                 None if groups.len() == MAX_GROUPS => return Walk::Full(state),
                 None => {
                     states[groups.len()] = s;
-                    groups.push(Group { t, ignore, configs: vec![c.clone()] });
+                    groups.push(Group { t, ignore, configs: vec![c.clone()], after: RefCell::default() });
                 }
             }
         }
-        Walk::Tokens { groups: Arc::new(groups), states }
+        Walk::Tokens { groups: Rc::new(groups), states }
     }
 
     /// [`Recognizer::advance`] for walk states: while the byte only continues the tokens,
@@ -315,7 +321,8 @@ impl GrammarRecognizer {
             Walk::Tokens { groups, states } => (groups, states),
         };
         let mut next = [GONE; MAX_GROUPS];
-        let mut ending = false;
+        let mut ending = None;
+        let mut endings = 0;
         let mut alive = false;
         for (i, g) in groups.iter().enumerate() {
             let s = states[i];
@@ -323,18 +330,40 @@ impl GrammarRecognizer {
                 continue;
             }
             let stepped = self.dfa_step(g.t, s, b);
-            let accepting = self.dfa_accepts(g.t, s);
+            // Whether the token may end before `b` matters only when `b` does not continue
+            // it, or (plain text) always; most nodes of a walk skip the check.
             match stepped {
-                Some(n) if self.g.greedy || !accepting => {
+                Some(n) if self.g.greedy || !self.dfa_accepts(g.t, s) => {
                     next[i] = n;
                     alive = true;
                 }
-                None if !accepting => {}
-                _ => ending = true,
+                Some(_) => endings += 2,
+                None if !self.dfa_accepts(g.t, s) => {}
+                None => {
+                    endings += 1;
+                    ending = Some(i);
+                }
             }
         }
-        if !ending {
+        if endings == 0 {
             return alive.then(|| Walk::Tokens { groups: groups.clone(), states: next });
+        }
+        // The common boundary: one token ends (the byte does not continue it) and every other
+        // group died: the result depends on the group and the byte alone.
+        if let (1, false, Some(i)) = (endings, alive, ending) {
+            let g = &groups[i];
+            if let Some((_, w)) = g.after.borrow().iter().find(|(byte, _)| *byte == b) {
+                return w.clone();
+            }
+            let configs: Vec<Config> = g.configs.iter().filter_map(Config::pop).collect();
+            let mut out = Vec::new();
+            for c in configs {
+                let mut budget = STEP_BUDGET;
+                self.step(c, b, &mut out, &mut budget);
+            }
+            let w = self.finish(out).map(|n| self.to_walk(n));
+            g.after.borrow_mut().push((b, w.clone()));
+            return w;
         }
         // A token may end here: run the byte through the recogniser for every live group.
         let mut configs: Vec<(u64, Config)> = Vec::new();
@@ -350,6 +379,19 @@ impl GrammarRecognizer {
         }
         configs.sort_by_key(|(h, _)| *h);
         self.advance(&State { configs }, b).map(|n| self.to_walk(n))
+    }
+
+    /// The state of the configurations a step produced: deduplicated, ordered, bounded.
+    fn finish(&self, mut out: Vec<(u64, Config)>) -> Option<State> {
+        if out.is_empty() {
+            return None;
+        }
+        if out.len() > 1 {
+            out.sort_by_key(|(h, _)| *h);
+            out.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+            out.truncate(MAX_CONFIGS);
+        }
+        Some(State { configs: out })
     }
 
     fn config_accepting(&self, c: &Config) -> bool {
@@ -387,15 +429,7 @@ impl Recognizer for GrammarRecognizer {
             let mut budget = STEP_BUDGET;
             self.step(c.clone(), byte, &mut out, &mut budget);
         }
-        if out.is_empty() {
-            return None;
-        }
-        if out.len() > 1 {
-            out.sort_by_key(|(h, _)| *h);
-            out.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
-            out.truncate(MAX_CONFIGS);
-        }
-        Some(State { configs: out })
+        self.finish(out)
     }
 
     fn is_accepting(&self, state: &State) -> bool {

@@ -307,7 +307,7 @@ impl Recognizer for ToolCallRecognizer {
         // string takes the json-schema plugin's fast path (with tokens that leave the string
         // checked against this recogniser), the others walk the trie.
         let parts = inner.split();
-        if !parts.iter().any(|p| dspark_plugin_json_schema::strings::is_string_state(p)) {
+        if !parts.iter().any(dspark_plugin_json_schema::strings::is_string_state) {
             return false;
         }
         let mut stack = Vec::new();

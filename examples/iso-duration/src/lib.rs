@@ -73,9 +73,9 @@ impl Recognizer for IsoDuration {
                 (s.digits < self.max_digits).then(|| State { digits: s.digits + 1, ..n })
             }
             b'0'..=b'9' => (s.digits < self.max_digits).then(|| State { digits: s.digits + 1, ..n }),
-            b'.' => (s.time && s.digits > 0 && s.frac == 0 && s.next_unit <= 2).then(|| State { frac: 1, ..n }),
-            b'T' => (!s.time && s.digits == 0).then(|| State { time: true, next_unit: 0, any: false, ..n }),
-            b'W' => (!s.time && !s.any && s.digits > 0).then(|| State { week: true, digits: 0, any: true, ..n }),
+            b'.' => (s.time && s.digits > 0 && s.frac == 0 && s.next_unit <= 2).then_some(State { frac: 1, ..n }),
+            b'T' => (!s.time && s.digits == 0).then_some(State { time: true, next_unit: 0, any: false, ..n }),
+            b'W' => (!s.time && !s.any && s.digits > 0).then_some(State { week: true, digits: 0, any: true, ..n }),
             unit => {
                 let units = if s.time { TIME_UNITS } else { DATE_UNITS };
                 let idx = units.iter().position(|&u| u == unit)? as u8;
