@@ -513,3 +513,38 @@ fn an_example_plugin_installed_into_a_running_server() {
     let w = dspark_guest::testing::walk_text(&mut *c.new_matcher(), &table, text.as_bytes());
     assert!(w.accepted(), "{text:?} is not an ISO 8601 duration");
 }
+
+/// JSON layouts through the API: vLLM's `whitespace_pattern`, and the json-schema plugin's
+/// `indent` through the plugin extension (the answer is exactly serde_json's pretty form).
+#[test]
+fn json_layouts_through_the_api() {
+    let server = start(&[]);
+    let addr = server.addr;
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+        "required": ["name", "age"], "additionalProperties": false});
+    let r = post_json(
+        addr,
+        "/v1/chat/completions",
+        &chat(json!({"structured_outputs": {"json": schema, "whitespace_pattern": "[ ]?"}})),
+    )
+    .json();
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    let v: Value = serde_json::from_str(content(&r)).unwrap();
+    assert!(jsonschema::is_valid(&schema, &v));
+    assert!(!content(&r).contains("  ") && !content(&r).contains('\n'), "{}", content(&r));
+    let format = json!({"type": "plugin", "plugin": "json-schema", "kind": "json-schema", "source": schema.to_string(), "options": {"indent": 2}});
+    let r = post_json(addr, "/v1/chat/completions", &chat(json!({"response_format": format}))).json();
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    let text = content(&r);
+    let v: Value = serde_json::from_str(text).unwrap();
+    assert_eq!(text, serde_json::to_string_pretty(&v).unwrap());
+    let bad = chat(json!({"structured_outputs": {"regex": "a+", "whitespace_pattern": " ?"}}));
+    let r = http::send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        bad.to_string().as_bytes(),
+    );
+    assert_error(&r, 400, Some("structured_outputs.whitespace_pattern"), "applies to JSON output");
+}

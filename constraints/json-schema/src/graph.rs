@@ -222,10 +222,11 @@ pub struct LiveTable {
 }
 
 /// How properties may be ordered in the output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PropertyOrder {
     /// Declared properties in schema order, then additional ones (the default: it lets the
     /// plugin force key names).
+    #[default]
     Schema,
     /// Any order.
     Any,

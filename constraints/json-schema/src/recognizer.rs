@@ -22,11 +22,13 @@ const OBJ_OPEN: u8 = 0; // after `{`: a key or `}`
 const OBJ_COMMA: u8 = 1; // after `,`: a key
 const OBJ_KEY: u8 = 2; // after a key: `:`
 const OBJ_VALUE: u8 = 3; // after a value: `,` or `}`
+const OBJ_CLOSE: u8 = 4; // indented layout, after the newline before `}`: only `}`
 
 /// Array parsing phases.
 const ARR_OPEN: u8 = 0;
 const ARR_COMMA: u8 = 1;
 const ARR_VALUE: u8 = 2;
+const ARR_CLOSE: u8 = 3; // indented layout, after the newline before `]`: only `]`
 
 /// Number phases (JSON grammar).
 const NUM_START: u8 = 0;
@@ -95,6 +97,11 @@ pub enum Frame {
     Num { node: NodeId, phase: u8, neg: bool, value: u64, frac: u16, exp: u16, exp_neg: bool },
     /// Inside one of a literal set's strings.
     Lit { set: u32, trie: u32 },
+    /// Inside layout whitespace that must be written exactly (separators, indentation):
+    /// [`Layout::pads`]`[text]`, `pos` bytes of it written.
+    Pad { text: u16, pos: u16 },
+    /// Inside free whitespace between tokens, at state `s` of the whitespace automaton.
+    Ws { s: u32 },
 }
 
 /// A configuration: a parse stack.
@@ -148,16 +155,120 @@ pub struct ClassKey {
 /// Content-token classes by [`ClassKey`]. Bounded; cleared when full.
 pub type PatternClassCache = Mutex<HashMap<ClassKey, Arc<TokenSet>>>;
 
+/// The most container levels an indented layout writes (deeper nesting is refused).
+pub const MAX_INDENT_DEPTH: usize = 32;
+
+/// How a document is laid out between its tokens (the plugin's whitespace options).
+#[derive(Debug)]
+pub struct Layout {
+    /// Free whitespace between tokens: an automaton over whitespace bytes that matches the
+    /// empty string (every gap may also be empty).
+    pub ws: Option<regex_automata::dfa::dense::DFA<Vec<u32>>>,
+    /// Written right after `:` (from `separators`).
+    pub key_after: Vec<u8>,
+    /// Written right after `,` (from `separators`).
+    pub item_after: Vec<u8>,
+    /// Pretty-printing: a newline and this many spaces per level.
+    pub indent: Option<u8>,
+    /// Every fixed text: `key_after`, then per depth d `item_after + newline + indent·d`,
+    /// then per depth d `newline + indent·d`.
+    pads: Vec<Vec<u8>>,
+}
+
+impl Default for Layout {
+    /// Compact: no whitespace at all.
+    fn default() -> Self {
+        Self::new(None, Vec::new(), Vec::new(), None)
+    }
+}
+
+impl Layout {
+    /// A layout from its parts (see the plugin's options).
+    pub fn new(
+        ws: Option<regex_automata::dfa::dense::DFA<Vec<u32>>>,
+        key_after: Vec<u8>,
+        item_after: Vec<u8>,
+        indent: Option<u8>,
+    ) -> Self {
+        let mut pads = vec![key_after.clone()];
+        let levels = if indent.is_some() { MAX_INDENT_DEPTH + 1 } else { 1 };
+        let line = |d: usize| -> Vec<u8> {
+            let mut v = vec![b'\n'];
+            v.extend(std::iter::repeat_n(b' ', d * indent.unwrap_or(0) as usize));
+            v
+        };
+        for d in 0..levels {
+            let mut v = item_after.clone();
+            if indent.is_some() {
+                v.extend(line(d));
+            }
+            pads.push(v);
+        }
+        for d in 0..levels {
+            pads.push(if indent.is_some() { line(d) } else { Vec::new() });
+        }
+        Self { ws, key_after, item_after, indent, pads }
+    }
+
+    fn levels(&self) -> usize {
+        if self.indent.is_some() { MAX_INDENT_DEPTH + 1 } else { 1 }
+    }
+
+    /// The pad after `,` at depth `d`, if that depth is laid out.
+    fn after_comma(&self, d: usize) -> Option<u16> {
+        let d = if self.indent.is_some() { d } else { 0 };
+        (d < self.levels()).then_some((1 + d) as u16)
+    }
+
+    /// The pad `newline + indent·d`.
+    fn line(&self, d: usize) -> Option<u16> {
+        (d < self.levels()).then_some((1 + self.levels() + d) as u16)
+    }
+
+    fn ws_start(&self) -> Option<u32> {
+        let dfa = self.ws.as_ref()?;
+        dfa.start_state(&regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes))
+            .ok()
+            .map(|s| s.as_u32())
+    }
+
+    fn ws_step(&self, s: u32, b: u8) -> Option<u32> {
+        let dfa = self.ws.as_ref()?;
+        let n = dfa.next_state(StateID::new_unchecked(s as usize), b);
+        (!dfa.is_dead_state(n) && !dfa.is_quit_state(n)).then(|| n.as_u32())
+    }
+
+    fn ws_accepts(&self, s: u32) -> bool {
+        self.ws.as_ref().is_some_and(|dfa| dfa.is_match_state(dfa.next_eoi_state(StateID::new_unchecked(s as usize))))
+    }
+}
+
+/// JSON's whitespace bytes.
+fn is_json_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// The number of containers (objects and arrays) on a stack: the depth inside the top one.
+fn container_depth(stack: &Config) -> usize {
+    stack.iter().filter(|f| matches!(f, Frame::Obj { .. } | Frame::Arr { .. })).count()
+}
+
 /// A compiled schema as a [`Recognizer`].
 pub struct SchemaRecognizer {
     graph: Graph,
+    layout: Layout,
     pattern_classes: PatternClassCache,
 }
 
 impl SchemaRecognizer {
-    /// Wraps a compiled graph.
+    /// Wraps a compiled graph (compact layout).
     pub fn new(graph: Graph) -> Self {
-        Self { graph, pattern_classes: Mutex::new(HashMap::new()) }
+        Self::with_layout(graph, Layout::default())
+    }
+
+    /// Wraps a compiled graph with a layout.
+    pub fn with_layout(graph: Graph, layout: Layout) -> Self {
+        Self { graph, layout, pattern_classes: Mutex::new(HashMap::new()) }
     }
 
     /// The escape-free content tokens allowed by `key`, found by walking the token trie with
@@ -238,22 +349,92 @@ impl SchemaRecognizer {
         }
         let Some(top) = stack.pop() else { return };
         let g = &self.graph;
+        let layout = &self.layout;
+        // Free whitespace: a gap between tokens takes whitespace bytes through the whitespace
+        // automaton, and ends (if the automaton accepts) at the first byte it does not take.
+        if layout.ws.is_some() {
+            if let Frame::Ws { s } = top {
+                if is_json_ws(b) {
+                    // More whitespace than the pattern allows in one gap is refused, not
+                    // split into a second gap.
+                    if let Some(n) = layout.ws_step(s, b) {
+                        stack.push(Frame::Ws { s: n });
+                        out.push(stack);
+                    }
+                } else if layout.ws_accepts(s) {
+                    self.step(stack, b, out, depth + 1);
+                }
+                return;
+            }
+            if is_json_ws(b) && matches!(top, Frame::Obj { .. } | Frame::Arr { .. } | Frame::Value(_) | Frame::End) {
+                if let Some(n) = layout.ws_start().and_then(|s0| layout.ws_step(s0, b)) {
+                    stack.push(top);
+                    stack.push(Frame::Ws { s: n });
+                    out.push(stack);
+                }
+                return;
+            }
+        }
         match top {
+            Frame::Ws { .. } => {}
+            Frame::Pad { text, pos } => {
+                let pad = &layout.pads[text as usize];
+                if pad.get(pos as usize) == Some(&b) {
+                    if pos as usize + 1 < pad.len() {
+                        stack.push(Frame::Pad { text, pos: pos + 1 });
+                    }
+                    out.push(stack);
+                }
+            }
             Frame::End => {}
             Frame::Value(node) => self.start_value(stack, node, b, out, depth),
             Frame::Obj { node, phase, next, seen, count, pending } => {
                 let Node::Object(o) = g.node(node) else { return };
+                let indent = layout.indent.is_some();
                 match (phase, b) {
                     (OBJ_KEY, b':') => {
                         stack.push(Frame::Obj { node, phase: OBJ_VALUE, next, seen, count, pending });
                         stack.push(Frame::Value(pending));
+                        if !layout.key_after.is_empty() {
+                            stack.push(Frame::Pad { text: 0, pos: 0 });
+                        }
                         out.push(stack);
                     }
                     (OBJ_VALUE, b',') if count < o.max_props && self.key_possible(node, next, seen) => {
+                        let d = container_depth(&stack) + 1;
                         stack.push(Frame::Obj { node, phase: OBJ_COMMA, next, seen, count, pending });
+                        match layout.after_comma(d) {
+                            Some(pad) if !layout.pads[pad as usize].is_empty() => {
+                                stack.push(Frame::Pad { text: pad, pos: 0 })
+                            }
+                            Some(_) => {}
+                            None => return,
+                        }
                         out.push(stack);
                     }
-                    (OBJ_OPEN | OBJ_VALUE, b'}') if self.object_closable(node, next, seen, count) => out.push(stack),
+                    // Indented: a non-empty object opens its first key and closes on a new line.
+                    (OBJ_OPEN, b'\n') if indent && count < o.max_props && self.key_possible(node, next, seen) => {
+                        let d = container_depth(&stack) + 1;
+                        let Some(pad) = layout.line(d) else { return };
+                        stack.push(Frame::Obj { node, phase: OBJ_COMMA, next, seen, count, pending });
+                        if layout.pads[pad as usize].len() > 1 {
+                            stack.push(Frame::Pad { text: pad, pos: 1 });
+                        }
+                        out.push(stack);
+                    }
+                    (OBJ_VALUE, b'\n') if indent && self.object_closable(node, next, seen, count) => {
+                        let d = container_depth(&stack);
+                        let Some(pad) = layout.line(d) else { return };
+                        stack.push(Frame::Obj { node, phase: OBJ_CLOSE, next, seen, count, pending });
+                        if layout.pads[pad as usize].len() > 1 {
+                            stack.push(Frame::Pad { text: pad, pos: 1 });
+                        }
+                        out.push(stack);
+                    }
+                    (OBJ_OPEN, b'}') if self.object_closable(node, next, seen, count) => out.push(stack),
+                    (OBJ_VALUE, b'}') if !indent && self.object_closable(node, next, seen, count) => out.push(stack),
+                    (OBJ_CLOSE, b'}') => out.push(stack),
+                    (OBJ_OPEN, b'"') if indent => {}
                     (OBJ_OPEN | OBJ_COMMA, b'"') if count < o.max_props => {
                         let (lo, hi) = self.key_window(node, next, seen);
                         let base = Frame::Obj { node, phase: OBJ_KEY, next, seen, count: count + 1, pending };
@@ -356,12 +537,42 @@ impl SchemaRecognizer {
             }
             Frame::Arr { node, phase, count } => {
                 let Node::Array(a) = g.node(node) else { return };
+                let indent = layout.indent.is_some();
                 match (phase, b) {
-                    (ARR_OPEN | ARR_VALUE, b']') if count >= a.min_items => out.push(stack),
+                    (ARR_OPEN, b']') if count >= a.min_items => out.push(stack),
+                    (ARR_VALUE, b']') if !indent && count >= a.min_items => out.push(stack),
+                    (ARR_CLOSE, b']') => out.push(stack),
                     (ARR_VALUE, b',') if count < a.max_items && self.item_node(node, count).is_some() => {
+                        let d = container_depth(&stack) + 1;
                         stack.push(Frame::Arr { node, phase: ARR_COMMA, count });
+                        match layout.after_comma(d) {
+                            Some(pad) if !layout.pads[pad as usize].is_empty() => {
+                                stack.push(Frame::Pad { text: pad, pos: 0 })
+                            }
+                            Some(_) => {}
+                            None => return,
+                        }
                         out.push(stack);
                     }
+                    (ARR_OPEN, b'\n') if indent && count < a.max_items && self.item_node(node, count).is_some() => {
+                        let d = container_depth(&stack) + 1;
+                        let Some(pad) = layout.line(d) else { return };
+                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count });
+                        if layout.pads[pad as usize].len() > 1 {
+                            stack.push(Frame::Pad { text: pad, pos: 1 });
+                        }
+                        out.push(stack);
+                    }
+                    (ARR_VALUE, b'\n') if indent && count >= a.min_items => {
+                        let d = container_depth(&stack);
+                        let Some(pad) = layout.line(d) else { return };
+                        stack.push(Frame::Arr { node, phase: ARR_CLOSE, count });
+                        if layout.pads[pad as usize].len() > 1 {
+                            stack.push(Frame::Pad { text: pad, pos: 1 });
+                        }
+                        out.push(stack);
+                    }
+                    (ARR_OPEN, _) if indent => {}
                     (ARR_OPEN | ARR_COMMA, _) if count < a.max_items => {
                         let Some(item) = self.item_node(node, count) else { return };
                         stack.push(Frame::Arr { node, phase: ARR_VALUE, count: count + 1 });
@@ -956,7 +1167,13 @@ impl Recognizer for SchemaRecognizer {
 
     fn is_accepting(&self, state: &State) -> bool {
         state.configs().any(|c| {
-            let mut frames = c.iter();
+            let mut frames = c.iter().peekable();
+            if let Some(Frame::Ws { s }) = frames.peek() {
+                if !self.layout.ws_accepts(*s) {
+                    return false;
+                }
+                frames.next();
+            }
             let (top, below) = (frames.next(), frames.next());
             match (top, below, frames.next()) {
                 (Some(Frame::End), None, _) => true,

@@ -128,6 +128,6 @@ fn unsupported_and_invalid_schemas_are_errors_with_pointers() {
     assert!(e.message.contains("does not exist"), "{e}");
     let e = compile_recognizer("json-schema", "{", "{}").err().unwrap();
     assert!(e.message.starts_with("the schema is not valid JSON"), "{e}");
-    let e = compile_recognizer("json-schema", "{}", r#"{"indent":2}"#).err().unwrap();
-    assert!(e.message.contains("unknown option `indent`"), "{e}");
+    let e = compile_recognizer("json-schema", "{}", r#"{"indentation":2}"#).err().unwrap();
+    assert!(e.message.contains("unknown option `indentation`"), "{e}");
 }

@@ -12,6 +12,10 @@
 //! | `structured_outputs.grammar` / `guided_grammar` | `grammar` | the grammar |
 //! | `response_format: {"type": "plugin", "plugin": P, "kind": K, "source": S, "options": O}` | K of plugin P | S |
 //!
+//! `structured_outputs.whitespace_pattern` (vLLM) becomes the json-schema plugin's option of
+//! that name; JSON is otherwise compact. Other layouts (`"whitespace": "flexible"`,
+//! `"separators"`, `"indent"`) are reached through the plugin extension's `options`.
+//!
 //! The last row is dspark's extension: any plugin of the registry, by name. Everything else
 //! goes to the plugin that serves the kind. `response_format: {"type": "text"}` is no
 //! constraint.
@@ -80,6 +84,7 @@ impl ConstraintSpec {
 /// Reads the structure fields of a request (see the module docs).
 pub fn from_request(sampling: &super::api::Sampling) -> Result<Option<ConstraintSpec>, ApiError> {
     let mut found: Vec<ConstraintSpec> = Vec::new();
+    let mut whitespace_pattern = None;
     if let Some(format) = &sampling.response_format {
         found.extend(from_response_format(format)?);
     }
@@ -95,11 +100,13 @@ pub fn from_request(sampling: &super::api::Sampling) -> Result<Option<Constraint
                 "choice" => found.push(choice(value, &field)?),
                 "grammar" => found.push(ConstraintSpec::new("grammar", string_field(value, &field)?, &field)),
                 "json_object" if value == &Value::Bool(true) => found.push(json_object(&field)),
+                "whitespace_pattern" => {
+                    whitespace_pattern = Some(string_field(value, &field)?);
+                }
                 "json_object"
                 | "disable_fallback"
                 | "disable_any_whitespace"
                 | "disable_additional_properties"
-                | "whitespace_pattern"
                 | "backend" => {}
                 other => {
                     return Err(ApiError::invalid(
@@ -121,6 +128,18 @@ pub fn from_request(sampling: &super::api::Sampling) -> Result<Option<Constraint
     }
     if let Some(grammar) = &sampling.guided_grammar {
         found.push(ConstraintSpec::new("grammar", grammar.clone(), "guided_grammar"));
+    }
+    if let Some(pattern) = whitespace_pattern {
+        // vLLM's whitespace pattern: the json-schema plugin's option of the same name.
+        match found.iter_mut().find(|s| s.kind == "json-schema" || s.kind == "json-object") {
+            Some(spec) => spec.options = serde_json::json!({"whitespace_pattern": pattern}).to_string(),
+            None => {
+                return Err(ApiError::invalid(
+                    "structured_outputs.whitespace_pattern",
+                    "`structured_outputs.whitespace_pattern` applies to JSON output (`json`, `json_object`)",
+                ));
+            }
+        }
     }
     if found.len() > 1 {
         let fields: Vec<&str> = found.iter().map(|s| s.field.as_str()).collect();
