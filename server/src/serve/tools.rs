@@ -16,7 +16,8 @@
 //! | `required` | one or more calls (one with `parallel_tool_calls: false`) |
 //! | `{"type": "function", "function": {"name": N}}` | exactly one call of N |
 //!
-//! A finished answer with calls has `finish_reason: "tool_calls"`; its text before the calls
+//! Arguments are written with `", "` and `": "` separators, as templates render them back
+//! (`tojson`). A finished answer with calls has `finish_reason: "tool_calls"`; its text before the calls
 //! is `content` (`null` when empty). Streams send the name of each call in its first delta
 //! (with its id) and the arguments in pieces as they are written. `tools` with a constraining
 //! `tool_choice` cannot be combined with another output constraint (`response_format`,
@@ -120,7 +121,11 @@ pub fn plan(
     let source = json!({
         "tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel.unwrap_or(true), "format": format.name(),
     });
-    Ok(Some((plan, Some(ConstraintSpec::tool_call(source.to_string())))))
+    let mut spec = ConstraintSpec::tool_call(source.to_string());
+    // Arguments in the style chat templates write them back (`tojson`: Python's json.dumps,
+    // `", "` and `": "`), so the model continues the style its context shows.
+    spec.options = json!({"separators": [", ", ": "]}).to_string();
+    Ok(Some((plan, Some(spec))))
 }
 
 fn check_tool(i: usize, tool: &Value) -> Result<(), ApiError> {
