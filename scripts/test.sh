@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: fetches the assets (models and tokenizers, cached), installs the official
 # `openai` Python client into build/venv (from PyPI, cached), builds the wasm plugins into
-# their registries, and runs every test of the workspace. Extra arguments go to `cargo test`.
+# their registries, fetches NVRTC (PyPI wheel, for compiling the CUDA kernels), and runs every
+# test of the workspace. Extra arguments go to `cargo test`.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -13,4 +14,7 @@ if [ ! -x build/venv/bin/python ] || ! build/venv/bin/python -c 'import openai' 
   build/venv/bin/pip install --quiet --disable-pip-version-check --cache-dir "$cache/pip" 'openai>=1.50,<3'
 fi
 scripts/build-plugins.sh
+# NVRTC compiles the CUDA kernels in the tests (no GPU needed).
+nvrtc_lib="$(scripts/fetch-nvrtc.sh)"
+export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cargo test --workspace "$@"

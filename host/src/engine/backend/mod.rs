@@ -10,6 +10,7 @@
 //! to, come from the block tables in [`ForwardBatch`].
 
 pub mod cpu;
+pub mod cuda;
 pub mod vnni;
 
 use candle_core::quantized::QTensor;
