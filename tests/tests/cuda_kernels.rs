@@ -43,6 +43,9 @@ fn compile_errors_carry_the_nvrtc_log_and_the_cache_recompiles_what_is_stale() {
     // Another architecture or another source is another entry.
     assert_ne!(cache.path(src, "sm_80").unwrap(), cache.path(src, "sm_90").unwrap());
     assert_ne!(cache.path(src, "sm_90").unwrap(), cache.path(KERNELS, "sm_90").unwrap());
+    // The file name says what it holds.
+    let name = cache.path(src, "sm_90").unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.contains("-sm_90-nvrtc12.") && name.ends_with(".cubin"), "{name}");
     // A torn file is not loaded: it is compiled again and replaced.
     std::fs::write(cache.path(src, "sm_90").unwrap(), b"garbage").unwrap();
     let (fixed, cached) = cache.get_or_compile(src, "sm_90").unwrap();

@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch.
 
 mod constraint;
+mod cuda_check;
 mod engine_bench;
 mod generate;
 mod maskbench;
@@ -40,6 +41,9 @@ enum Command {
     /// Load-test an OpenAI-compatible server (ours, llama.cpp, vLLM) with structured-output
     /// workloads, optionally against a second target.
     Bench(crate::bench::BenchArgs),
+    /// Run every CUDA kernel on a GPU against its CPU reference (needs an NVIDIA driver and
+    /// NVRTC on LD_LIBRARY_PATH; scripts/gpu-check.sh runs it).
+    CudaCheck(cuda_check::CudaCheckArgs),
 }
 
 /// Options every command that runs plugins shares.
@@ -71,5 +75,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
         Command::Generate(a) => generate::run(a).map(|()| ExitCode::SUCCESS),
         Command::Bench(a) => crate::bench::run(a).map(|()| ExitCode::SUCCESS),
+        Command::CudaCheck(a) => cuda_check::run(a),
     }
 }

@@ -249,10 +249,10 @@ extern "C" __global__ void argmax_rows(const float* logits, u32* out, int vocab)
 }
 
 // Samples one token per row from probabilities (softmax_rows output) restricted by top-k,
-// top-p and min-p: the kept set is {i : p_i >= tau}, with tau the largest threshold meeting
-// all three (found by bisection on the probability value, so no sort), and the token is
+// top-p and min-p: the kept set is {i : p_i >= tau} for the most restrictive of the three
+// thresholds (each found by bisection on the probability value, so no sort), and the token is
 // found by inverse CDF with uniform[row] scaled to the kept mass. Ties at tau are kept
-// together. top_k <= 0: no limit. Grid: rows; block: 1024 threads.
+// together. top_k <= 0, top_p >= 1, min_p <= 0: no limit. Grid: rows; block: 1024 threads.
 extern "C" __global__ void sample_rows(const float* probs, const float* uniform, u32* out, int vocab, int top_k,
                                        float top_p, float min_p) {
     __shared__ float shared[32];
@@ -261,19 +261,28 @@ extern "C" __global__ void sample_rows(const float* probs, const float* uniform,
     float pmax = 0.0f;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) pmax = fmaxf(pmax, p[i]);
     pmax = block_max(pmax, shared);
-    float lo = 0.0f, hi = pmax;  // invariant: tau in [lo, hi]; lo always satisfies
+    // The kept set is the most restrictive of the three: tau = max(tau_p, tau_k, min_p * pmax),
+    // where tau_p is the largest threshold whose kept mass is still >= top_p and tau_k the
+    // largest whose kept count is still >= top_k (both by bisection; both 0 when unlimited).
     float floor_p = min_p > 0.0f ? min_p * pmax : 0.0f;
-    for (int it = 0; it < 40; it++) {
-        float mid = 0.5f * (lo + hi);
-        float mass = 0.0f, count = 0.0f;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            if (p[i] >= mid) { mass += p[i]; count += 1.0f; }
+    float tau_p = 0.0f, tau_k = 0.0f;
+    for (int which = 0; which < 2; which++) {
+        if (which == 0 && top_p >= 1.0f) continue;
+        if (which == 1 && top_k <= 0) continue;
+        float lo = 0.0f, hi = pmax;  // lo always meets the bound
+        for (int it = 0; it < 40; it++) {
+            float mid = 0.5f * (lo + hi);
+            float acc = 0.0f;
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                if (p[i] >= mid) acc += which == 0 ? p[i] : 1.0f;
+            }
+            acc = block_sum(acc, shared);
+            bool ok = which == 0 ? acc >= top_p : acc >= (float)top_k;
+            if (ok) lo = mid; else hi = mid;
         }
-        mass = block_sum(mass, shared);
-        count = block_sum(count, shared);
-        bool ok = mass >= top_p && (top_k <= 0 || count >= (float)top_k);
-        if (ok) lo = mid; else hi = mid;
+        if (which == 0) tau_p = lo; else tau_k = lo;
     }
+    float lo = fmaxf(tau_p, tau_k);
     float tau = fmaxf(lo, floor_p);
     if (tau > pmax) tau = pmax;
     // Contiguous chunks per thread, so the prefix over threads is in index order.

@@ -15,6 +15,7 @@
 //! these kernels and cuBLAS, graph capture, and `--device`. `scripts/gpu-check.sh` is the
 //! script a session with a GPU runs to check them; see the note in that script.
 
+pub mod check;
 pub mod layout;
 pub mod nvrtc;
 

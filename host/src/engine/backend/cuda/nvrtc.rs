@@ -3,7 +3,7 @@
 //! CUBIN, not PTX: PTX is JIT-compiled by the driver, which refuses PTX newer than itself, a
 //! classic failure when the NVRTC in use is newer than the installed driver. CUBIN for the
 //! device's exact architecture (`sm_90` for an H100/H200) runs on any driver that supports
-//! the device. The cache key is the SHA-256 of the source, the architecture, the options and
+//! the device. The cache key is the SHA-256 of the source and options, the architecture and
 //! the NVRTC version, so a new source, device or NVRTC compiles again and nothing stale loads.
 
 use std::ffi::{CStr, CString};
@@ -92,20 +92,31 @@ impl CubinCache {
         Self { dir: dir.into() }
     }
 
-    /// The file a compile of `source` for `arch` is kept in.
+    /// The file a compile of `source` for `arch` by the loaded NVRTC is kept in:
+    /// `<hash of source and options>-<arch>-nvrtc<major>.<minor>.cubin`.
     pub fn path(&self, source: &str, arch: &str) -> anyhow::Result<PathBuf> {
         let (major, minor) = version()?;
-        let mut h = Sha256::new();
-        for part in [source, arch, &OPTIONS.join(" "), &format!("nvrtc {major}.{minor}")] {
-            h.update((part.len() as u64).to_le_bytes());
-            h.update(part.as_bytes());
-        }
-        Ok(self.dir.join(format!("{}-{arch}.cubin", hex::encode(&h.finalize()[..16]))))
+        Ok(self.dir.join(format!("{}-{arch}-nvrtc{major}.{minor}.cubin", source_hash(source))))
     }
 
     /// The CUBIN of `source` for `arch`, compiled now or read from the cache; `true` when it
-    /// came from the cache.
+    /// came from the cache. Without NVRTC (a GPU machine with only the driver), a CUBIN of the
+    /// same source and architecture compiled elsewhere (`scripts/gpu-check.sh prepare`) is used.
     pub fn get_or_compile(&self, source: &str, arch: &str) -> anyhow::Result<(Vec<u8>, bool)> {
+        if !super::nvrtc_available() {
+            let prefix = format!("{}-{arch}-nvrtc", source_hash(source));
+            let found = std::fs::read_dir(&self.dir).ok().into_iter().flatten().flatten().find_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name.starts_with(&prefix) && name.ends_with(".cubin")).then(|| e.path())
+            });
+            return match found.and_then(|p| std::fs::read(p).ok()).filter(|b| is_elf(b)) {
+                Some(bytes) => Ok((bytes, true)),
+                None => Err(anyhow!(
+                    "no NVRTC to compile the kernels for {arch}, and no CUBIN for them in {}; compile one where NVRTC is (dspark cuda-check --compile-only --arch {arch})",
+                    self.dir.display()
+                )),
+            };
+        }
         let path = self.path(source, arch)?;
         if let Ok(bytes) = std::fs::read(&path)
             && is_elf(&bytes)
@@ -116,6 +127,16 @@ impl CubinCache {
         write_atomically(&path, &bytes)?;
         Ok((bytes, false))
     }
+}
+
+/// The hash of a source with the compile options, hex, 32 digits.
+fn source_hash(source: &str) -> String {
+    let mut h = Sha256::new();
+    for part in [source, &OPTIONS.join(" ")] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    hex::encode(&h.finalize()[..16])
 }
 
 /// CUBIN files are ELF images; anything else in the cache is a torn or foreign file.
