@@ -94,6 +94,8 @@ const HANDLED: &[&str] = &[
     "maxProperties",
     "uniqueItems",
     "patternProperties",
+    "dependentRequired",
+    "dependencies",
 ];
 
 /// Keywords refused with an error.
@@ -103,9 +105,7 @@ const UNSUPPORTED: &[&str] = &[
     "then",
     "else",
     "propertyNames",
-    "dependentRequired",
     "dependentSchemas",
-    "dependencies",
     "contains",
     "minContains",
     "maxContains",
@@ -238,6 +238,8 @@ impl<'a> Compiler<'a> {
             keys: KeyTrie::build(&[]),
             min_props: 0,
             max_props: u32::MAX,
+            deps: Vec::new(),
+            dep_mask: 0,
         }));
         let array =
             self.push(Node::Array(ArrayNode { prefix: Vec::new(), items: ANY, min_items: 0, max_items: u32::MAX }));
@@ -444,6 +446,15 @@ impl<'a> Compiler<'a> {
     }
 
     fn check_keywords(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<(), ConstraintError> {
+        if let Some(Value::Object(deps)) = map.get("dependencies")
+            && let Some((name, _)) = deps.iter().find(|(_, v)| !(v.is_array() || trivially_true(v)))
+        {
+            return Err(err(
+                ErrorCode::Unsupported,
+                &format!("{ptr}/dependencies/{}", escape_pointer(name)),
+                "the keyword `dependencies` with a schema value (dependentSchemas) is not supported yet; the array form is",
+            ));
+        }
         for k in map.keys() {
             if UNSUPPORTED.contains(&k.as_str()) {
                 return Err(err(
@@ -755,6 +766,50 @@ impl<'a> Compiler<'a> {
                 });
             }
         }
+        // Dependencies: their names become declared properties (with the schema an undeclared
+        // key of that name would get) so their presence can be tracked.
+        let deps_by_name = dependencies_of(map, ptr)?;
+        for name in deps_by_name.iter().flat_map(|(t, r)| std::iter::once(t).chain(r)) {
+            if !props.iter().any(|p| p.key == serde_json::to_vec(name).unwrap_or_default()) {
+                let subset: usize =
+                    matches_name(self, name).iter().enumerate().filter(|(_, hit)| **hit).map(|(i, _)| 1 << i).sum();
+                props.push(Prop {
+                    key: serde_json::to_vec(name).unwrap_or_default(),
+                    node: pattern_nodes[subset],
+                    required: false,
+                });
+            }
+        }
+        let index = |name: &str| props.iter().position(|p| p.key == serde_json::to_vec(name).unwrap_or_default());
+        let mut deps = Vec::new();
+        let mut dep_mask = 0u64;
+        for (trigger, reqs) in &deps_by_name {
+            let t = index(trigger).unwrap_or(usize::MAX);
+            let r: Vec<usize> = reqs.iter().filter_map(|n| index(n)).collect();
+            if t >= 64 || r.iter().any(|&i| i >= 64) {
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    &format!("{ptr}/dependentRequired"),
+                    "dependencies among more than 64 properties are not supported yet",
+                ));
+            }
+            if !deps_by_name.is_empty() && map.contains_key("maxProperties") {
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    &format!("{ptr}/maxProperties"),
+                    "`maxProperties` together with dependencies is not supported yet",
+                ));
+            }
+            let m = r.iter().fold(0u64, |m, &i| m | 1 << i);
+            dep_mask |= m | 1 << t;
+            deps.push((t as u16, m));
+        }
+        // A trigger that requires a property which cannot appear cannot appear itself.
+        for &(t, m) in &deps {
+            if (0..64).any(|i| m & (1 << i) != 0 && props[i].node == NEVER) {
+                props[t as usize].node = NEVER;
+            }
+        }
         // A property whose schema is `false` cannot appear; a required one makes the object
         // impossible.
         if props.iter().any(|p| p.required && p.node == NEVER) {
@@ -774,6 +829,8 @@ impl<'a> Compiler<'a> {
             keys,
             min_props,
             max_props,
+            deps,
+            dep_mask,
         });
         Ok(id)
     }
@@ -1059,6 +1116,47 @@ fn disjoint_types(branches: &[Value]) -> bool {
     true
 }
 
+/// Whether a schema value accepts everything (`true`, `{}`).
+fn trivially_true(v: &Value) -> bool {
+    matches!(v, Value::Bool(true)) || v.as_object().is_some_and(|m| m.is_empty())
+}
+
+/// The dependencies of an object schema: trigger name -> names it requires, from
+/// `dependentRequired` and array-valued `dependencies`.
+fn dependencies_of(map: &Map<String, Value>, ptr: &str) -> Result<Vec<(String, Vec<String>)>, ConstraintError> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for key in ["dependentRequired", "dependencies"] {
+        let Some(v) = map.get(key) else { continue };
+        let m = v.as_object().ok_or_else(|| {
+            err(ErrorCode::InvalidSource, &format!("{ptr}/{key}"), format!("`{key}` must be an object"))
+        })?;
+        for (name, reqs) in m {
+            if trivially_true(reqs) {
+                continue;
+            }
+            let reqs: Vec<String> = reqs
+                .as_array()
+                .and_then(|a| a.iter().map(|x| x.as_str().map(str::to_string)).collect())
+                .ok_or_else(|| {
+                    err(
+                        ErrorCode::InvalidSource,
+                        &format!("{ptr}/{key}/{}", escape_pointer(name)),
+                        "a dependency must be an array of property names",
+                    )
+                })?;
+            match out.iter_mut().find(|(n, _)| n == name) {
+                Some((_, r)) => r.extend(reqs.into_iter().filter(|x| !r.contains(x)).collect::<Vec<_>>()),
+                None => out.push((name.clone(), reqs)),
+            }
+        }
+    }
+    for (name, reqs) in &mut out {
+        reqs.retain(|r| r != name);
+    }
+    out.retain(|(_, r)| !r.is_empty());
+    Ok(out)
+}
+
 /// Merges two keyword maps as `allOf` would.
 fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<Map<String, Value>, ConstraintError> {
     // Properties declared on one side only must also satisfy the other side's
@@ -1157,6 +1255,22 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
                 }
             }
             "additionalProperties" | "items" | "additionalItems" => serde_json::json!({ "allOf": [va, vb] }),
+            "dependentRequired" | "dependencies" => {
+                let mut out = va.as_object().cloned().unwrap_or_default();
+                for (name, rb) in vb.as_object().cloned().unwrap_or_default() {
+                    let merged = match (out.get(&name), &rb) {
+                        (Some(Value::Array(ra)), Value::Array(rb)) => {
+                            let mut r = ra.clone();
+                            r.extend(rb.iter().filter(|x| !ra.contains(x)).cloned());
+                            Value::Array(r)
+                        }
+                        (Some(sa), _) if !json_eq(sa, &rb) => serde_json::json!({ "allOf": [sa, rb] }),
+                        _ => rb,
+                    };
+                    out.insert(name, merged);
+                }
+                Value::Object(out)
+            }
             "enum" => {
                 let bs = vb.as_array().cloned().unwrap_or_default();
                 Value::Array(

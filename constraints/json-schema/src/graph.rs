@@ -117,6 +117,18 @@ pub struct ObjectNode {
     pub min_props: u32,
     /// `maxProperties`.
     pub max_props: u32,
+    /// `dependentRequired` (and array-valued `dependencies`): when the property at the first
+    /// index is written, the properties in the bitmask must be too (indices below 64).
+    pub deps: Vec<(u16, u64)>,
+    /// The properties taking part in a dependency, as a bitmask: their presence is tracked.
+    pub dep_mask: u64,
+}
+
+impl ObjectNode {
+    /// The properties that written triggers still require: not yet written.
+    pub fn dep_needed(&self, seen: u64) -> u64 {
+        self.deps.iter().filter(|(t, _)| *t < 64 && seen & (1 << t) != 0).fold(0, |acc, (_, m)| acc | m) & !seen
+    }
 }
 
 /// An array shape.

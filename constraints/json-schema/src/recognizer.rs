@@ -474,12 +474,19 @@ impl SchemaRecognizer {
                     return;
                 }
                 match o.keys.terminal[t as usize] {
-                    Some(i) if (lo..=hi).contains(&i) && b == b'"' && o.keys.edges.is_leaf(t) => {
+                    Some(i)
+                        if (lo..=hi).contains(&i)
+                            && b == b'"'
+                            && o.keys.edges.is_leaf(t)
+                            && self.dependencies_writable(o, i, seen) =>
+                    {
                         // The key is complete: record it in the object frame.
                         let Some(Frame::Obj { node, phase, next, seen, count, .. }) = stack.pop() else { return };
+                        let bit = if i < 64 { 1u64 << i } else { 0 };
                         let (next, seen) = match g.order {
-                            PropertyOrder::Schema => (i + 1, seen),
-                            PropertyOrder::Any => (next, if i < 64 { seen | 1 << i } else { seen }),
+                            // Schema order tracks presence only where a dependency needs it.
+                            PropertyOrder::Schema => (i + 1, seen | (bit & o.dep_mask)),
+                            PropertyOrder::Any => (next, seen | bit),
                         };
                         stack.push(Frame::Obj { node, phase, next, seen, count, pending: o.props[i as usize].node });
                         out.push(stack);
@@ -750,8 +757,12 @@ impl SchemaRecognizer {
                 (0, n - 1)
             }
             PropertyOrder::Schema => {
-                // Up to and including the first required property not yet written.
-                let hi = (next..n).find(|&i| o.props[i as usize].required).unwrap_or(n.saturating_sub(1));
+                // Up to and including the first property that must still be written (required,
+                // or required by a dependency of a written one).
+                let needed = o.dep_needed(seen);
+                let hi = (next..n)
+                    .find(|&i| o.props[i as usize].required || (i < 64 && needed & (1 << i) != 0))
+                    .unwrap_or(n.saturating_sub(1));
                 (next, hi)
             }
         }
@@ -761,7 +772,23 @@ impl SchemaRecognizer {
     fn key_reachable(&self, node: NodeId, t: u32, lo: u16, hi: u16, seen: u64) -> bool {
         let Node::Object(o) = self.graph.node(node) else { return false };
         o.keys.below[t as usize].iter().any(|&i| {
-            i >= lo && i <= hi && (i >= 64 || seen & (1 << i) == 0) && o.props[i as usize].node != crate::graph::NEVER
+            i >= lo
+                && i <= hi
+                && (i >= 64 || seen & (1 << i) == 0)
+                && o.props[i as usize].node != crate::graph::NEVER
+                && self.dependencies_writable(o, i, seen)
+        })
+    }
+
+    /// Whether writing property `i` now leaves every property it requires writable: already
+    /// written, or (schema order) still ahead of it.
+    fn dependencies_writable(&self, o: &crate::graph::ObjectNode, i: u16, seen: u64) -> bool {
+        o.deps.iter().filter(|(t, _)| *t == i).all(|(_, m)| {
+            let missing = m & !seen;
+            match self.graph.order {
+                PropertyOrder::Any => true,
+                PropertyOrder::Schema => (0..=i.min(63)).all(|k| missing & (1 << k) == 0),
+            }
         })
     }
 
@@ -781,10 +808,7 @@ impl SchemaRecognizer {
         match self.graph.order {
             PropertyOrder::Any => true,
             // Additional properties come after every required declared one.
-            PropertyOrder::Schema => {
-                let _ = seen;
-                !o.props[next as usize..].iter().any(|p| p.required)
-            }
+            PropertyOrder::Schema => !o.props[next as usize..].iter().any(|p| p.required) && o.dep_needed(seen) == 0,
         }
     }
 
@@ -792,6 +816,9 @@ impl SchemaRecognizer {
     fn object_closable(&self, node: NodeId, next: u16, seen: u64, count: u32) -> bool {
         let Node::Object(o) = self.graph.node(node) else { return false };
         if count < o.min_props {
+            return false;
+        }
+        if o.dep_needed(seen) != 0 {
             return false;
         }
         match self.graph.order {
