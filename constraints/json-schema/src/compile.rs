@@ -96,6 +96,7 @@ const HANDLED: &[&str] = &[
     "patternProperties",
     "dependentRequired",
     "dependencies",
+    "propertyNames",
 ];
 
 /// Keywords refused with an error.
@@ -104,7 +105,6 @@ const UNSUPPORTED: &[&str] = &[
     "if",
     "then",
     "else",
-    "propertyNames",
     "dependentSchemas",
     "contains",
     "minContains",
@@ -696,9 +696,23 @@ impl<'a> Compiler<'a> {
             }
         };
         let id = self.push(Node::Pending);
-        let additional = match map.get("additionalProperties") {
-            None => ANY,
-            Some(a) => self.schema_owned(a, &format!("{ptr}/additionalProperties"))?,
+        // `propertyNames` as a pattern every key must match: undeclared keys become the
+        // pattern's (with the `additionalProperties` schema), declared names that do not match
+        // cannot appear.
+        let names = property_names(map.get("propertyNames"), ptr)?;
+        if let Some(NamesRule::Pattern(_)) = &names
+            && map.contains_key("patternProperties")
+        {
+            return Err(err(
+                ErrorCode::Unsupported,
+                &format!("{ptr}/propertyNames"),
+                "`propertyNames` together with `patternProperties` is not supported yet",
+            ));
+        }
+        let additional = match (map.get("additionalProperties"), &names) {
+            (_, Some(NamesRule::Pattern(_) | NamesRule::Nothing)) => NEVER,
+            (None, _) => ANY,
+            (Some(a), _) => self.schema_owned(a, &format!("{ptr}/additionalProperties"))?,
         };
         // patternProperties: up to four patterns; every subset of them gets the node of the
         // `allOf` of its schemas, so the value of an undeclared key is known when the key ends.
@@ -720,9 +734,16 @@ impl<'a> Compiler<'a> {
             }
             patterns = pp.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         }
+        if let Some(NamesRule::Pattern(p)) = &names {
+            patterns = vec![(p.clone(), map.get("additionalProperties").cloned().unwrap_or(Value::Bool(true)))];
+        }
         let mut pattern_dfas = Vec::new();
         for (p, _) in &patterns {
-            let at = format!("{ptr}/patternProperties/{}", escape_pointer(p));
+            let at = if names.is_some() {
+                format!("{ptr}/propertyNames")
+            } else {
+                format!("{ptr}/patternProperties/{}", escape_pointer(p))
+            };
             pattern_dfas.push(self.dfa(p, true, &at)?);
         }
         // Which patterns a declared name matches.
@@ -747,7 +768,15 @@ impl<'a> Compiler<'a> {
                 let hits = matches_name(self, name);
                 parts.extend(patterns.iter().zip(hits).filter(|(_, hit)| *hit).map(|((_, s), _)| s.clone()));
                 let schema = if parts.len() == 1 { parts.remove(0) } else { serde_json::json!({ "allOf": parts }) };
-                let node = self.schema_owned(&schema, &format!("{ptr}/properties/{}", escape_pointer(name)))?;
+                let mut node = self.schema_owned(&schema, &format!("{ptr}/properties/{}", escape_pointer(name)))?;
+                let named_ok = match &names {
+                    Some(NamesRule::Pattern(_)) => matches_name(self, name).first().copied().unwrap_or(false),
+                    Some(NamesRule::Nothing) => false,
+                    None => true,
+                };
+                if !named_ok {
+                    node = NEVER;
+                }
                 props.push(Prop {
                     key: serde_json::to_vec(name).unwrap_or_default(),
                     node,
@@ -1114,6 +1143,72 @@ fn disjoint_types(branches: &[Value]) -> bool {
         }
     }
     true
+}
+
+/// What `propertyNames` allows.
+enum NamesRule {
+    /// Keys must match this pattern (search semantics, as `pattern`).
+    Pattern(String),
+    /// No key at all (`propertyNames: false`).
+    Nothing,
+}
+
+/// `propertyNames` as one pattern: from `pattern`, `enum`/`const`, or `minLength`/`maxLength`
+/// (one of them; `type: "string"` is implied). `None` when it constrains nothing.
+fn property_names(v: Option<&Value>, ptr: &str) -> Result<Option<NamesRule>, ConstraintError> {
+    let at = format!("{ptr}/propertyNames");
+    let map = match v {
+        None | Some(Value::Bool(true)) => return Ok(None),
+        Some(Value::Bool(false)) => return Ok(Some(NamesRule::Nothing)),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(err(ErrorCode::InvalidSource, &at, "`propertyNames` must be a schema")),
+    };
+    let mut rules = Vec::new();
+    for (k, v) in map {
+        match (k.as_str(), v) {
+            ("type", Value::String(t)) if t == "string" => {}
+            ("pattern", Value::String(p)) => rules.push(p.clone()),
+            ("enum" | "const", v) => {
+                let names: Vec<&Value> =
+                    if k == "const" { vec![v] } else { v.as_array().map(|a| a.iter().collect()).unwrap_or_default() };
+                let alts: Vec<String> = names.iter().filter_map(|n| n.as_str()).map(escape_regex).collect();
+                rules.push(if alts.is_empty() { "[^\\s\\S]".into() } else { format!("^(?:{})$", alts.join("|")) });
+            }
+            ("minLength" | "maxLength", _) => {
+                if !rules.iter().any(|r: &String| r.starts_with("^(?s:.){")) {
+                    let min = u32_of(map.get("minLength")).unwrap_or(0);
+                    let max = u32_of(map.get("maxLength")).map(|m| m.to_string()).unwrap_or_default();
+                    rules.push(format!("^(?s:.){{{min},{max}}}$"));
+                }
+            }
+            (other, _) if ANNOTATIONS.contains(&other) => {}
+            (other, _) => {
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    &format!("{at}/{}", escape_pointer(other)),
+                    format!(
+                        "`propertyNames` with `{other}` is not supported yet (pattern, enum, const, minLength, maxLength are)"
+                    ),
+                ));
+            }
+        }
+    }
+    match rules.len() {
+        0 => Ok(None),
+        1 => Ok(rules.pop().map(NamesRule::Pattern)),
+        _ => Err(err(
+            ErrorCode::Unsupported,
+            &at,
+            "`propertyNames` combining several of pattern, enum and lengths is not supported yet",
+        )),
+    }
+}
+
+/// A regex matching exactly `text`.
+fn escape_regex(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_string() } else { format!("\\x{{{:X}}}", c as u32) })
+        .collect()
 }
 
 /// Whether a schema value accepts everything (`true`, `{}`).
