@@ -10,8 +10,13 @@
 //!   the keyword.
 //! - `oneOf` is enforced as `anyOf` (a warning says so) unless its branches have disjoint
 //!   types.
+//! - `dependentRequired` and array-valued `dependencies` track the presence of the properties
+//!   involved (at most 64 per object; not together with `maxProperties`); in schema order a
+//!   trigger is offered only while what it requires can still follow it.
+//! - `propertyNames` is one pattern every key must match (its `pattern`, its `enum`/`const`,
+//!   or its length bounds), not combined with `patternProperties`.
 //! - Keywords that cannot be enforced by a left-to-right automaton yet (`not`,
-//!   `if`/`then`/`else`, `propertyNames`, `dependent*`, `contains`,
+//!   `if`/`then`/`else`, `dependentSchemas` and schema-valued `dependencies`, `contains`,
 //!   `unevaluated*`, dynamic refs) are errors naming pointer and keyword: never silently
 //!   ignored. `uniqueItems` is a warning (not enforced). Unknown keywords are ignored, as
 //!   JSON Schema says, with a warning.
