@@ -102,11 +102,11 @@ const HANDLED: &[&str] = &[
     "dependentRequired",
     "dependencies",
     "propertyNames",
+    "not",
 ];
 
 /// Keywords refused with an error.
 const UNSUPPORTED: &[&str] = &[
-    "not",
     "if",
     "then",
     "else",
@@ -244,6 +244,8 @@ impl<'a> Compiler<'a> {
             min_props: 0,
             max_props: u32::MAX,
             deps: Vec::new(),
+            forbidden: Vec::new(),
+            required_mask: 0,
             dep_mask: 0,
         }));
         let array =
@@ -451,6 +453,9 @@ impl<'a> Compiler<'a> {
     }
 
     fn check_keywords(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<(), ConstraintError> {
+        if let Some(n) = map.get("not") {
+            not_rule(n, ptr)?;
+        }
         if let Some(Value::Object(deps)) = map.get("dependencies")
             && let Some((name, _)) = deps.iter().find(|(_, v)| !(v.is_array() || trivially_true(v)))
         {
@@ -532,6 +537,11 @@ impl<'a> Compiler<'a> {
     /// Builds the node of a flattened keyword map.
     fn build(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {
         if map.contains_key("$never") {
+            return Ok(NEVER);
+        }
+        if let Some(n) = map.get("not")
+            && let NotRule::Nothing = not_rule(n, ptr)?
+        {
             return Ok(NEVER);
         }
         for (kw, other) in [("anyOf", "oneOf"), ("oneOf", "anyOf")] {
@@ -683,6 +693,18 @@ impl<'a> Compiler<'a> {
         };
         if types.iter().any(|t| t == "number") {
             types.retain(|t| t != "integer");
+        }
+        if let Some(n) = map.get("not")
+            && let NotRule::Types(excluded) = not_rule(n, ptr)?
+        {
+            if excluded.iter().any(|t| t == "integer") && types.iter().any(|t| t == "number") {
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    &format!("{ptr}/not/type"),
+                    "`not: {type: integer}` under `number` (numbers that are not integers) is not supported yet",
+                ));
+            }
+            types.retain(|t| !excluded.contains(t) && !(t == "integer" && excluded.iter().any(|x| x == "number")));
         }
         types.dedup();
         Ok(types)
@@ -838,6 +860,57 @@ impl<'a> Compiler<'a> {
             dep_mask |= m | 1 << t;
             deps.push((t as u16, m));
         }
+        // `not: {required: [...]}` and its anyOf/allOf forms: sets that must not all appear.
+        let mut forbidden_names: Vec<Vec<String>> = Vec::new();
+        if let Some(n) = map.get("not")
+            && let NotRule::Absent(sets) = not_rule(n, ptr)?
+        {
+            forbidden_names = sets;
+        }
+        for name in forbidden_names.iter().flatten() {
+            if !props.iter().any(|p| p.key == serde_json::to_vec(name).unwrap_or_default()) {
+                let subset: usize =
+                    matches_name(self, name).iter().enumerate().filter(|(_, hit)| **hit).map(|(i, _)| 1 << i).sum();
+                props.push(Prop {
+                    key: serde_json::to_vec(name).unwrap_or_default(),
+                    node: pattern_nodes[subset],
+                    required: false,
+                });
+            }
+        }
+        let sets: Vec<Vec<usize>> = forbidden_names
+            .iter()
+            .map(|set| {
+                set.iter()
+                    .filter_map(|n| props.iter().position(|p| p.key == serde_json::to_vec(n).unwrap_or_default()))
+                    .collect()
+            })
+            .collect();
+        let mut forbidden = Vec::new();
+        for idx in sets {
+            if idx.iter().any(|&i| i >= 64) {
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    &format!("{ptr}/not"),
+                    "`not` over more than 64 properties is not supported yet",
+                ));
+            }
+            if let [single] = idx[..] {
+                // One name: that property cannot appear.
+                props[single].node = NEVER;
+                continue;
+            }
+            let m = idx.iter().fold(0u64, |m, &i| m | 1 << i);
+            dep_mask |= m;
+            forbidden.push(m);
+        }
+        let required_mask =
+            props.iter().enumerate().filter(|(i, p)| *i < 64 && p.required).fold(0u64, |m, (i, _)| m | 1 << i);
+        if forbidden.iter().any(|&set| set & !required_mask == 0) {
+            // Every member is required: no object can satisfy both.
+            self.nodes[id as usize] = Node::Never;
+            return Ok(id);
+        }
         // A trigger that requires a property which cannot appear cannot appear itself.
         for &(t, m) in &deps {
             if (0..64).any(|i| m & (1 << i) != 0 && props[i].node == NEVER) {
@@ -864,6 +937,8 @@ impl<'a> Compiler<'a> {
             min_props,
             max_props,
             deps,
+            forbidden,
+            required_mask,
             dep_mask,
         });
         Ok(id)
@@ -1148,6 +1223,76 @@ fn disjoint_types(branches: &[Value]) -> bool {
         }
     }
     true
+}
+
+/// What a `not` removes, in the forms that can be pushed inwards.
+enum NotRule {
+    /// `not: {}` / `not: true`: nothing is valid.
+    Nothing,
+    /// `not: false`: no constraint.
+    Free,
+    /// `not: {required: [...]}` (and `anyOf`/`allOf` of those): sets of property names that
+    /// must not all be present.
+    Absent(Vec<Vec<String>>),
+    /// `not: {type: ...}`: these types are excluded.
+    Types(Vec<String>),
+}
+
+/// The names of a `{required: [...]}` schema (annotations allowed), if it is one.
+fn required_only(v: &Value) -> Option<Vec<String>> {
+    let m = v.as_object()?;
+    if m.keys().any(|k| k != "required" && !ANNOTATIONS.contains(&k.as_str())) {
+        return None;
+    }
+    m.get("required")?.as_array()?.iter().map(|x| x.as_str().map(str::to_string)).collect()
+}
+
+/// Reads `not` (at `ptr/not`) in the forms it can be enforced in; any other is an error naming it.
+fn not_rule(v: &Value, ptr: &str) -> Result<NotRule, ConstraintError> {
+    let at = format!("{ptr}/not");
+    let unsupported = || {
+        err(
+            ErrorCode::Unsupported,
+            &at,
+            "the keyword `not` is supported as `not: {}`, `not: {required: [...]}` (or an anyOf/allOf of those) and `not: {type: ...}`; this form is not yet",
+        )
+    };
+    let m = match v {
+        Value::Bool(true) => return Ok(NotRule::Nothing),
+        Value::Bool(false) => return Ok(NotRule::Free),
+        Value::Object(m) => m,
+        _ => return Err(err(ErrorCode::InvalidSource, &at, "`not` must be a schema")),
+    };
+    let keys: Vec<&str> = m.keys().map(String::as_str).filter(|k| !ANNOTATIONS.contains(k)).collect();
+    match keys.as_slice() {
+        [] => Ok(NotRule::Nothing),
+        ["required"] => Ok(NotRule::Absent(vec![required_only(v).ok_or_else(unsupported)?])),
+        ["anyOf"] => {
+            let sets: Option<Vec<Vec<String>>> =
+                m["anyOf"].as_array().map(|a| a.iter().map(required_only).collect()).unwrap_or(None);
+            sets.map(NotRule::Absent).ok_or_else(unsupported)
+        }
+        ["allOf"] => {
+            let sets: Option<Vec<Vec<String>>> =
+                m["allOf"].as_array().map(|a| a.iter().map(required_only).collect()).unwrap_or(None);
+            let mut union: Vec<String> = Vec::new();
+            for n in sets.ok_or_else(unsupported)?.into_iter().flatten() {
+                if !union.contains(&n) {
+                    union.push(n);
+                }
+            }
+            Ok(NotRule::Absent(vec![union]))
+        }
+        ["type"] => {
+            let types: Vec<String> = match &m["type"] {
+                Value::String(t) => vec![t.clone()],
+                Value::Array(a) => a.iter().filter_map(|t| t.as_str().map(str::to_string)).collect(),
+                _ => return Err(unsupported()),
+            };
+            Ok(NotRule::Types(types))
+        }
+        _ => Err(unsupported()),
+    }
 }
 
 /// What `propertyNames` allows.

@@ -120,7 +120,13 @@ pub struct ObjectNode {
     /// `dependentRequired` (and array-valued `dependencies`): when the property at the first
     /// index is written, the properties in the bitmask must be too (indices below 64).
     pub deps: Vec<(u16, u64)>,
-    /// The properties taking part in a dependency, as a bitmask: their presence is tracked.
+    /// Sets of properties that must not all be present (`not: {required: [...]}`), as
+    /// bitmasks (indices below 64).
+    pub forbidden: Vec<u64>,
+    /// Required properties (indices below 64), as a bitmask.
+    pub required_mask: u64,
+    /// The properties taking part in a dependency or a forbidden set, as a bitmask: their
+    /// presence is tracked.
     pub dep_mask: u64,
 }
 
@@ -128,6 +134,18 @@ impl ObjectNode {
     /// The properties that written triggers still require: not yet written.
     pub fn dep_needed(&self, seen: u64) -> u64 {
         self.deps.iter().filter(|(t, _)| *t < 64 && seen & (1 << t) != 0).fold(0, |acc, (_, m)| acc | m) & !seen
+    }
+
+    /// Whether writing property `i` (with `seen` written so far) keeps every forbidden set
+    /// incomplete, counting what must still be written (required, and required by
+    /// dependencies) as present.
+    pub fn allows_with_forbidden(&self, i: u16, seen: u64) -> bool {
+        if self.forbidden.is_empty() {
+            return true;
+        }
+        let now = seen | if i < 64 { 1 << i } else { 0 };
+        let future = now | (self.required_mask & !now) | self.dep_needed(now);
+        self.forbidden.iter().all(|&set| set & !future != 0)
     }
 }
 

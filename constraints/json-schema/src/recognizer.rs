@@ -478,7 +478,8 @@ impl SchemaRecognizer {
                         if (lo..=hi).contains(&i)
                             && b == b'"'
                             && o.keys.edges.is_leaf(t)
-                            && self.dependencies_writable(o, i, seen) =>
+                            && self.dependencies_writable(o, i, seen)
+                            && o.allows_with_forbidden(i, seen) =>
                     {
                         // The key is complete: record it in the object frame.
                         let Some(Frame::Obj { node, phase, next, seen, count, .. }) = stack.pop() else { return };
@@ -777,6 +778,7 @@ impl SchemaRecognizer {
                 && (i >= 64 || seen & (1 << i) == 0)
                 && o.props[i as usize].node != crate::graph::NEVER
                 && self.dependencies_writable(o, i, seen)
+                && o.allows_with_forbidden(i, seen)
         })
     }
 
