@@ -704,7 +704,8 @@ impl<'a> Compiler<'a> {
                     "`not: {type: integer}` under `number` (numbers that are not integers) is not supported yet",
                 ));
             }
-            types.retain(|t| !excluded.contains(t) && !(t == "integer" && excluded.iter().any(|x| x == "number")));
+            let number_excluded = excluded.iter().any(|x| x == "number");
+            types.retain(|t| !(excluded.contains(t) || (t == "integer" && number_excluded)));
         }
         types.dedup();
         Ok(types)
