@@ -67,6 +67,18 @@ impl fmt::Display for ConstraintError {
 
 impl std::error::Error for ConstraintError {}
 
+/// An error's message followed by its causes (`outer: cause: root cause`). Library errors
+/// often say only what failed at the top ("error building NFA") and why further down.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
+}
+
 /// Checks that `kind` is one of the kinds a plugin serves, with the error every plugin gives.
 pub fn check_kind(kind: &str, served: &[&str]) -> Result<(), ConstraintError> {
     if served.contains(&kind) {

@@ -27,7 +27,7 @@ pub mod wasm;
 
 pub use api::{
     CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, Warning, check_kind,
-    no_options,
+    error_chain, no_options,
 };
 pub use bitset::TokenSet;
 pub use recognizer::{MAX_FORCED_BYTES, MaskCache, Recognizer, RecognizerConstraint, RecognizerMatcher};

@@ -29,16 +29,21 @@ fn chat(extra: Value) -> Value {
 
 /// POSTs a streaming chat request; checks the status and content type; returns the events.
 fn stream(addr: std::net::SocketAddr, body: &Value) -> Vec<String> {
-    let response = http::send(
+    let response = post_raw(addr, body);
+    assert_eq!(response.status, 200);
+    assert!(response.header("content-type").unwrap().starts_with("text/event-stream"));
+    response.events()
+}
+
+/// POSTs a chat request and returns the raw response (for error statuses).
+fn post_raw(addr: std::net::SocketAddr, body: &Value) -> http::Response {
+    http::send(
         addr,
         "POST",
         "/v1/chat/completions",
         &[("content-type", "application/json")],
         body.to_string().as_bytes(),
-    );
-    assert_eq!(response.status, 200);
-    assert!(response.header("content-type").unwrap().starts_with("text/event-stream"));
-    response.events()
+    )
 }
 
 fn content(response: &Value) -> &str {
@@ -408,23 +413,11 @@ fn tool_calls_in_the_generic_format() {
 
     let mut bad = body.clone();
     bad["tools"][0]["function"]["parameters"] = json!({"type": "object", "properties": {"a": {"type": "strnig"}}});
-    let r = http::send(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        bad.to_string().as_bytes(),
-    );
+    let r = post_raw(addr, &bad);
     assert_error(&r, 400, Some("tools"), "/tools/0/function/parameters");
     let mut both = body.clone();
     both["response_format"] = json!({"type": "json_object"});
-    let r = http::send(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        both.to_string().as_bytes(),
-    );
+    let r = post_raw(addr, &both);
     assert_error(&r, 400, Some("tool_choice"), "cannot be combined with `response_format`");
 }
 
@@ -458,13 +451,7 @@ fn grammars_in_both_syntaxes() {
         }
     }
     let body = chat(json!({"structured_outputs": {"grammar": "start: a\na: \"x\" b\n"}}));
-    let r = http::send(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let r = post_raw(addr, &body);
     assert_error(&r, 400, Some("structured_outputs.grammar"), "at 2:8: `b` is not defined");
 }
 
@@ -539,12 +526,6 @@ fn json_layouts_through_the_api() {
     let v: Value = serde_json::from_str(text).unwrap();
     assert_eq!(text, serde_json::to_string_pretty(&v).unwrap());
     let bad = chat(json!({"structured_outputs": {"regex": "a+", "whitespace_pattern": " ?"}}));
-    let r = http::send(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        bad.to_string().as_bytes(),
-    );
+    let r = post_raw(addr, &bad);
     assert_error(&r, 400, Some("structured_outputs.whitespace_pattern"), "applies to JSON output");
 }

@@ -194,27 +194,31 @@ pub fn quoted(c: &mut Cursor<'_>, quote: char) -> Result<String, SyntaxError> {
         match c.bump() {
             None | Some('\n') => return Err(SyntaxError::new(start, "unterminated string")),
             Some(ch) if ch == quote => return Ok(out),
-            Some('\\') => {
-                let e = c.bump().ok_or_else(|| SyntaxError::new(start, "unterminated string"))?;
-                let hex = |c: &mut Cursor<'_>, n: usize| -> Result<char, SyntaxError> {
-                    let digits: String = (0..n).filter_map(|_| c.bump()).collect();
-                    u32::from_str_radix(&digits, 16)
-                        .ok()
-                        .and_then(char::from_u32)
-                        .ok_or_else(|| SyntaxError::new(pos, format!("bad escape \\{e}{digits}")))
-                };
-                out.push(match e {
-                    'n' => '\n',
-                    'r' => '\r',
-                    't' => '\t',
-                    '0' => '\0',
-                    'x' => hex(c, 2)?,
-                    'u' => hex(c, 4)?,
-                    'U' => hex(c, 8)?,
-                    other => other,
-                });
-            }
+            Some('\\') => out.push(escape(c, pos)?),
             Some(ch) => out.push(ch),
         }
     }
+}
+
+/// Reads an escape after its backslash: `\n \r \t \0 \xHH \uHHHH \UHHHHHHHH`, and any other
+/// character stands for itself (`\\`, `\"`, `\]`).
+pub fn escape(c: &mut Cursor<'_>, pos: Pos) -> Result<char, SyntaxError> {
+    let e = c.bump().ok_or_else(|| SyntaxError::new(pos, "unterminated escape"))?;
+    let hex = |c: &mut Cursor<'_>, n: usize| -> Result<char, SyntaxError> {
+        let digits: String = (0..n).filter_map(|_| c.bump()).collect();
+        u32::from_str_radix(&digits, 16)
+            .ok()
+            .and_then(char::from_u32)
+            .ok_or_else(|| SyntaxError::new(pos, format!("bad escape \\{e}{digits}")))
+    };
+    Ok(match e {
+        'n' => '\n',
+        'r' => '\r',
+        't' => '\t',
+        '0' => '\0',
+        'x' => hex(c, 2)?,
+        'u' => hex(c, 4)?,
+        'U' => hex(c, 8)?,
+        other => other,
+    })
 }

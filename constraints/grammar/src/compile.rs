@@ -360,12 +360,7 @@ fn build_dfa(pattern: &str, pos: Pos) -> Result<Terminal, CompileError> {
         )
         .build(&format!("(?:{pattern})\\z"))
         .map_err(|e| {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                text = format!("{text}: {cause}");
-                source = cause.source();
-            }
+            let text = dspark_guest::error_chain(&e);
             if text.contains("exceeded") || text.contains("limit") {
                 CompileError::large(Some(pos), format!("a terminal's automaton is too large: {text}"))
             } else {

@@ -2,7 +2,7 @@
 //! and `[^...]`, `.`, groups, `*` `+` `?` `{m}` `{m,}` `{m,n}`, `#` comments. The start rule
 //! is `root`. A rule runs until the next `name ::=`, so rules may span lines freely.
 
-use crate::ast::{Cursor, Def, Expr, Grammar, Pos, SyntaxError, quoted};
+use crate::ast::{Cursor, Def, Expr, Grammar, Pos, SyntaxError, escape, quoted};
 
 /// Parses GBNF source.
 pub fn parse(source: &str) -> Result<Grammar, SyntaxError> {
@@ -154,7 +154,7 @@ fn class(c: &mut Cursor<'_>, start: Pos) -> Result<String, SyntaxError> {
             None | Some('\n') => return Err(SyntaxError::new(start, "unterminated character class")),
             Some(']') if !empty => break,
             Some(']') => return Err(SyntaxError::new(pos, "empty character class")),
-            Some('\\') => escaped(c, pos)?,
+            Some('\\') => escape(c, pos)?,
             Some(ch) => ch,
         };
         empty = false;
@@ -163,7 +163,7 @@ fn class(c: &mut Cursor<'_>, start: Pos) -> Result<String, SyntaxError> {
             c.bump();
             let pos = c.pos();
             let hi = match c.bump() {
-                Some('\\') => escaped(c, pos)?,
+                Some('\\') => escape(c, pos)?,
                 Some(h) => h,
                 None => return Err(SyntaxError::new(start, "unterminated character class")),
             };
@@ -175,26 +175,6 @@ fn class(c: &mut Cursor<'_>, start: Pos) -> Result<String, SyntaxError> {
     }
     out.push(']');
     Ok(out)
-}
-
-fn escaped(c: &mut Cursor<'_>, pos: Pos) -> Result<char, SyntaxError> {
-    let e = c.bump().ok_or_else(|| SyntaxError::new(pos, "unterminated escape"))?;
-    let hex = |c: &mut Cursor<'_>, n: usize| -> Result<char, SyntaxError> {
-        let digits: String = (0..n).filter_map(|_| c.bump()).collect();
-        u32::from_str_radix(&digits, 16)
-            .ok()
-            .and_then(char::from_u32)
-            .ok_or_else(|| SyntaxError::new(pos, format!("bad escape \\{e}{digits}")))
-    };
-    Ok(match e {
-        'n' => '\n',
-        'r' => '\r',
-        't' => '\t',
-        'x' => hex(c, 2)?,
-        'u' => hex(c, 4)?,
-        'U' => hex(c, 8)?,
-        other => other,
-    })
 }
 
 #[cfg(test)]

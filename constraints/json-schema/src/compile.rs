@@ -812,30 +812,26 @@ impl<'a> Compiler<'a> {
                 });
             }
         }
-        for name in &required {
+        // A name the schema needs to track but does not declare becomes a declared property
+        // with the schema an undeclared key of that name would get.
+        let declare = |c: &Self, props: &mut Vec<Prop>, name: &str, required: bool| {
             if !props.iter().any(|p| p.key == serde_json::to_vec(name).unwrap_or_default()) {
                 let subset: usize =
-                    matches_name(self, name).iter().enumerate().filter(|(_, hit)| **hit).map(|(i, _)| 1 << i).sum();
+                    matches_name(c, name).iter().enumerate().filter(|(_, hit)| **hit).map(|(i, _)| 1 << i).sum();
                 props.push(Prop {
                     key: serde_json::to_vec(name).unwrap_or_default(),
                     node: pattern_nodes[subset],
-                    required: true,
+                    required,
                 });
             }
+        };
+        for name in &required {
+            declare(self, &mut props, name, true);
         }
-        // Dependencies: their names become declared properties (with the schema an undeclared
-        // key of that name would get) so their presence can be tracked.
+        // Dependencies: their names are declared so their presence can be tracked.
         let deps_by_name = dependencies_of(map, ptr)?;
         for name in deps_by_name.iter().flat_map(|(t, r)| std::iter::once(t).chain(r)) {
-            if !props.iter().any(|p| p.key == serde_json::to_vec(name).unwrap_or_default()) {
-                let subset: usize =
-                    matches_name(self, name).iter().enumerate().filter(|(_, hit)| **hit).map(|(i, _)| 1 << i).sum();
-                props.push(Prop {
-                    key: serde_json::to_vec(name).unwrap_or_default(),
-                    node: pattern_nodes[subset],
-                    required: false,
-                });
-            }
+            declare(self, &mut props, name, false);
         }
         let index = |name: &str| props.iter().position(|p| p.key == serde_json::to_vec(name).unwrap_or_default());
         let mut deps = Vec::new();
@@ -869,15 +865,7 @@ impl<'a> Compiler<'a> {
             forbidden_names = sets;
         }
         for name in forbidden_names.iter().flatten() {
-            if !props.iter().any(|p| p.key == serde_json::to_vec(name).unwrap_or_default()) {
-                let subset: usize =
-                    matches_name(self, name).iter().enumerate().filter(|(_, hit)| **hit).map(|(i, _)| 1 << i).sum();
-                props.push(Prop {
-                    key: serde_json::to_vec(name).unwrap_or_default(),
-                    node: pattern_nodes[subset],
-                    required: false,
-                });
-            }
+            declare(self, &mut props, name, false);
         }
         let sets: Vec<Vec<usize>> = forbidden_names
             .iter()

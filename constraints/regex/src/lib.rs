@@ -55,12 +55,7 @@ impl RegexRecognizer {
             .build(&anchored)
             .map_err(|e| {
                 // The top-level message is generic ("error building NFA"); the cause says what.
-                let mut text = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(cause) = source {
-                    text = format!("{text}: {cause}");
-                    source = cause.source();
-                }
+                let text = dspark_guest::error_chain(&e);
                 let code = if text.contains("exceeded") || text.contains("limit") {
                     ErrorCode::TooLarge
                 } else {
