@@ -16,7 +16,7 @@
 //! - `propertyNames` is one pattern every key must match (its `pattern`, its `enum`/`const`,
 //!   or its length bounds), not combined with `patternProperties`.
 //! - Keywords that cannot be enforced by a left-to-right automaton yet (`not`,
-//!   `if`/`then`/`else`, `dependentSchemas` and schema-valued `dependencies`, `contains`,
+//!   `if`/`then`/`else`, dependent schemas other than `{required}` and `{not: {required}}`, `contains`,
 //!   `unevaluated*`, dynamic refs) are errors naming pointer and keyword: never silently
 //!   ignored. `uniqueItems` is a warning (not enforced). Unknown keywords are ignored, as
 //!   JSON Schema says, with a warning.
@@ -103,6 +103,7 @@ const HANDLED: &[&str] = &[
     "dependencies",
     "propertyNames",
     "not",
+    "dependentSchemas",
 ];
 
 /// Keywords refused with an error.
@@ -110,7 +111,6 @@ const UNSUPPORTED: &[&str] = &[
     "if",
     "then",
     "else",
-    "dependentSchemas",
     "contains",
     "minContains",
     "maxContains",
@@ -456,14 +456,8 @@ impl<'a> Compiler<'a> {
         if let Some(n) = map.get("not") {
             not_rule(n, ptr)?;
         }
-        if let Some(Value::Object(deps)) = map.get("dependencies")
-            && let Some((name, _)) = deps.iter().find(|(_, v)| !(v.is_array() || trivially_true(v)))
-        {
-            return Err(err(
-                ErrorCode::Unsupported,
-                &format!("{ptr}/dependencies/{}", escape_pointer(name)),
-                "the keyword `dependencies` with a schema value (dependentSchemas) is not supported yet; the array form is",
-            ));
+        if ["dependentRequired", "dependencies", "dependentSchemas"].iter().any(|k| map.contains_key(*k)) {
+            dependencies_of(map, ptr)?;
         }
         for k in map.keys() {
             if UNSUPPORTED.contains(&k.as_str()) {
@@ -829,7 +823,7 @@ impl<'a> Compiler<'a> {
             declare(self, &mut props, name, true);
         }
         // Dependencies: their names are declared so their presence can be tracked.
-        let deps_by_name = dependencies_of(map, ptr)?;
+        let (deps_by_name, dependent_exclusions) = dependencies_of(map, ptr)?;
         for name in deps_by_name.iter().flat_map(|(t, r)| std::iter::once(t).chain(r)) {
             declare(self, &mut props, name, false);
         }
@@ -858,11 +852,11 @@ impl<'a> Compiler<'a> {
             deps.push((t as u16, m));
         }
         // `not: {required: [...]}` and its anyOf/allOf forms: sets that must not all appear.
-        let mut forbidden_names: Vec<Vec<String>> = Vec::new();
+        let mut forbidden_names: Vec<Vec<String>> = dependent_exclusions;
         if let Some(n) = map.get("not")
             && let NotRule::Absent(sets) = not_rule(n, ptr)?
         {
-            forbidden_names = sets;
+            forbidden_names.extend(sets);
         }
         for name in forbidden_names.iter().flatten() {
             declare(self, &mut props, name, false);
@@ -1355,29 +1349,74 @@ fn trivially_true(v: &Value) -> bool {
     matches!(v, Value::Bool(true)) || v.as_object().is_some_and(|m| m.is_empty())
 }
 
-/// The dependencies of an object schema: trigger name -> names it requires, from
-/// `dependentRequired` and array-valued `dependencies`.
-fn dependencies_of(map: &Map<String, Value>, ptr: &str) -> Result<Vec<(String, Vec<String>)>, ConstraintError> {
+/// What a dependent schema (`dependentSchemas`, schema-valued `dependencies`) says, in the
+/// forms that reduce to presence: `{required: [...]}` (names the trigger requires) and
+/// `{not: ...}` with a required form (sets that must not all be present with the trigger).
+enum DependentForm {
+    Requires(Vec<String>),
+    Excludes(Vec<Vec<String>>),
+    Nothing,
+}
+
+fn dependent_form(v: &Value, at: &str) -> Option<DependentForm> {
+    if trivially_true(v) {
+        return Some(DependentForm::Nothing);
+    }
+    if let Some(names) = required_only(v) {
+        return Some(DependentForm::Requires(names));
+    }
+    let m = v.as_object()?;
+    if m.keys().any(|k| k != "not" && !ANNOTATIONS.contains(&k.as_str())) {
+        return None;
+    }
+    match not_rule(m.get("not")?, at).ok()? {
+        NotRule::Absent(sets) => Some(DependentForm::Excludes(sets)),
+        _ => None,
+    }
+}
+
+/// The presence rules of an object schema: (trigger, names it requires) from
+/// `dependentRequired` and the array and reducible schema forms of `dependencies` /
+/// `dependentSchemas`, and sets that must not all be present (from dependent `not`s).
+type Presence = (Vec<(String, Vec<String>)>, Vec<Vec<String>>);
+
+fn dependencies_of(map: &Map<String, Value>, ptr: &str) -> Result<Presence, ConstraintError> {
     let mut out: Vec<(String, Vec<String>)> = Vec::new();
-    for key in ["dependentRequired", "dependencies"] {
+    let mut excluded: Vec<Vec<String>> = Vec::new();
+    for key in ["dependentRequired", "dependencies", "dependentSchemas"] {
         let Some(v) = map.get(key) else { continue };
         let m = v.as_object().ok_or_else(|| {
             err(ErrorCode::InvalidSource, &format!("{ptr}/{key}"), format!("`{key}` must be an object"))
         })?;
-        for (name, reqs) in m {
-            if trivially_true(reqs) {
-                continue;
-            }
-            let reqs: Vec<String> = reqs
-                .as_array()
-                .and_then(|a| a.iter().map(|x| x.as_str().map(str::to_string)).collect())
-                .ok_or_else(|| {
-                    err(
-                        ErrorCode::InvalidSource,
-                        &format!("{ptr}/{key}/{}", escape_pointer(name)),
-                        "a dependency must be an array of property names",
-                    )
-                })?;
+        for (name, value) in m {
+            let at = format!("{ptr}/{key}/{}", escape_pointer(name));
+            let reqs: Vec<String> = match value {
+                Value::Array(a) if key != "dependentSchemas" => {
+                    a.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<Vec<_>>>().ok_or_else(|| {
+                        err(ErrorCode::InvalidSource, &at, "a dependency must be an array of property names")
+                    })?
+                }
+                other => match dependent_form(other, &at) {
+                    Some(DependentForm::Nothing) => continue,
+                    Some(DependentForm::Requires(names)) => names,
+                    Some(DependentForm::Excludes(sets)) => {
+                        excluded.extend(sets.into_iter().map(|mut set| {
+                            set.push(name.clone());
+                            set
+                        }));
+                        continue;
+                    }
+                    None => {
+                        return Err(err(
+                            ErrorCode::Unsupported,
+                            &at,
+                            format!(
+                                "a dependent schema in `{key}` is supported as `{{required: [...]}}` or `{{not: {{required: [...]}}}}`; this one is not yet"
+                            ),
+                        ));
+                    }
+                },
+            };
             match out.iter_mut().find(|(n, _)| n == name) {
                 Some((_, r)) => r.extend(reqs.into_iter().filter(|x| !r.contains(x)).collect::<Vec<_>>()),
                 None => out.push((name.clone(), reqs)),
@@ -1388,7 +1427,7 @@ fn dependencies_of(map: &Map<String, Value>, ptr: &str) -> Result<Vec<(String, V
         reqs.retain(|r| r != name);
     }
     out.retain(|(_, r)| !r.is_empty());
-    Ok(out)
+    Ok((out, excluded))
 }
 
 /// Merges two keyword maps as `allOf` would.
@@ -1489,7 +1528,7 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
                 }
             }
             "additionalProperties" | "items" | "additionalItems" => serde_json::json!({ "allOf": [va, vb] }),
-            "dependentRequired" | "dependencies" => {
+            "dependentRequired" | "dependencies" | "dependentSchemas" => {
                 let mut out = va.as_object().cloned().unwrap_or_default();
                 for (name, rb) in vb.as_object().cloned().unwrap_or_default() {
                     let merged = match (out.get(&name), &rb) {

@@ -68,10 +68,31 @@ fn no_dead_ends_in_schema_order() {
 }
 
 #[test]
-fn schema_valued_dependencies_are_refused_with_a_pointer() {
-    let e = compile_recognizer("json-schema", r#"{"dependencies": {"a": {"required": ["b"]}}}"#, "{}").err().unwrap();
+fn dependent_schemas_that_reduce_to_presence() {
+    // `{required}`: the same as the array form.
+    let (rec, _) = compile_recognizer("json-schema", r#"{"dependencies": {"a": {"required": ["b"]}}}"#, "{}").unwrap();
+    assert!(rec.matches(br#"{"a":1,"b":2}"#) && !rec.matches(br#"{"a":1}"#));
+    // `{not: {required}}`: mutual exclusion with the trigger.
+    let schema = r#"{"type": "object", "properties": {"x": {}, "y": {}},
+        "dependentSchemas": {"x": {"not": {"required": ["y"]}}}}"#;
+    for o in ["{}", r#"{"property_order":"any"}"#] {
+        let (rec, _) = compile_recognizer("json-schema", schema, o).unwrap();
+        assert!(rec.matches(br#"{"x":1}"#) && rec.matches(br#"{"y":1}"#), "{o}");
+        assert!(!rec.matches(br#"{"x":1,"y":2}"#), "{o}");
+    }
+}
+
+#[test]
+fn other_dependent_schemas_are_refused_with_a_pointer() {
+    let e = compile_recognizer(
+        "json-schema",
+        r#"{"dependencies": {"a": {"properties": {"b": {"type": "string"}}}}}"#,
+        "{}",
+    )
+    .err()
+    .unwrap();
     assert_eq!(e.location.as_deref(), Some("#/dependencies/a"));
-    assert!(e.message.contains("dependentSchemas"), "{e}");
+    assert!(e.message.contains("dependent schema"), "{e}");
     let (rec, _) = compile_recognizer("json-schema", r#"{"dependencies": {"a": {}, "b": true}}"#, "{}").unwrap();
     assert!(rec.matches(br#"{"a":1}"#), "trivially true dependencies constrain nothing");
 }
