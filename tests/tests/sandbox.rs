@@ -9,11 +9,17 @@ use dspark_host::plugin::{ErrorCode, PluginError, PluginInstance, PluginStatus};
 use dspark_host::tokenizer::CanonicalTokenizer;
 use dspark_tests::{ByteTokenizer, Fixture, builtin_plugin, test_plugin};
 
+/// Deadlines generous enough that a loaded CI machine never hits them by accident; the tests of
+/// the deadlines themselves set short ones with [`fixture_with_deadlines`].
 fn fixture(strike_limit: u32) -> Fixture {
+    fixture_with_deadlines(strike_limit, Duration::from_secs(10), Duration::from_secs(10))
+}
+
+fn fixture_with_deadlines(strike_limit: u32, mask_deadline: Duration, compile_deadline: Duration) -> Fixture {
     Fixture::new(&[test_plugin("testkit"), builtin_plugin("regex")], |c| {
         c.strike_limit = strike_limit;
-        c.mask_deadline = Duration::from_millis(50);
-        c.compile_deadline = Duration::from_millis(500);
+        c.mask_deadline = mask_deadline;
+        c.compile_deadline = compile_deadline;
         c.memory_bytes = 32 << 20;
     })
 }
@@ -42,7 +48,7 @@ fn trap_message(e: PluginError) -> String {
 
 #[test]
 fn endless_mask_hits_the_deadline_and_the_host_goes_on() {
-    let f = fixture(100);
+    let f = fixture_with_deadlines(100, Duration::from_millis(50), Duration::from_secs(10));
     let tok = ByteTokenizer::new(&[]);
     let mut inst = instance(&f, "testkit", &tok);
     let c = inst.compile("loop-mask", "", "{}").unwrap();
@@ -59,7 +65,7 @@ fn endless_mask_hits_the_deadline_and_the_host_goes_on() {
 
 #[test]
 fn endless_compile_hits_the_compile_deadline() {
-    let f = fixture(100);
+    let f = fixture_with_deadlines(100, Duration::from_secs(10), Duration::from_millis(500));
     let tok = ByteTokenizer::new(&[]);
     let mut inst = instance(&f, "testkit", &tok);
     let msg = trap_message(inst.compile("endless-compile", "", "{}").unwrap_err());
@@ -69,6 +75,8 @@ fn endless_compile_hits_the_compile_deadline() {
 
 #[test]
 fn memory_bomb_is_stopped_by_the_store_limit() {
+    // Filling 32 MiB a megabyte at a time took longer than 50 ms on a loaded CI machine, so the
+    // deadline fired first; with the generous default the memory limit is what stops it.
     let f = fixture(100);
     let tok = ByteTokenizer::new(&[]);
     let mut inst = instance(&f, "testkit", &tok);
