@@ -11,6 +11,44 @@ struct Node {
     subtree_end: u32,
     tokens_start: u32,
     tokens_end: u32,
+    /// The [`byte_class`]es of the edges below this node (its descendants' bytes).
+    below: u64,
+}
+
+/// The number of byte classes: see [`byte_class`].
+pub const BYTE_CLASSES: u32 = 45;
+
+/// The class of a byte, for the subtree signatures of [`TokenTrie::walk_looping`]: control
+/// characters, tab, newline, carriage return and space; each ASCII punctuation character on
+/// its own; digits; upper-case letters; lower-case letters; DEL; UTF-8 continuation bytes;
+/// and the three kinds of UTF-8 lead bytes. Classes group the bytes that identifier-,
+/// number- and text-like patterns treat alike, so such a pattern's state loops on whole
+/// classes.
+pub const fn byte_class(b: u8) -> u32 {
+    match b {
+        b'\t' => 1,
+        b'\n' => 2,
+        b'\r' => 3,
+        0..=0x1f => 0,
+        b' ' => 4,
+        b'0'..=b'9' => 37,
+        b'A'..=b'Z' => 38,
+        b'a'..=b'z' => 39,
+        0x21..=0x2f => 5 + (b - 0x21) as u32,
+        0x3a..=0x40 => 20 + (b - 0x3a) as u32,
+        0x5b..=0x60 => 27 + (b - 0x5b) as u32,
+        0x7b..=0x7e => 33 + (b - 0x7b) as u32,
+        0x7f => 40,
+        0x80..=0xbf => 41,
+        0xc0..=0xdf => 42,
+        0xe0..=0xef => 43,
+        0xf0..=0xff => 44,
+    }
+}
+
+/// The bytes of class `class` (see [`byte_class`]).
+pub fn class_bytes(class: u32) -> impl Iterator<Item = u8> {
+    (0..=255u8).filter(move |&b| byte_class(b) == class)
 }
 
 /// A byte trie over token strings in preorder (node 0 is the root, the empty prefix).
@@ -30,7 +68,7 @@ impl TokenTrie {
             .filter(|(b, _)| !b.is_empty() && b.len() < u16::MAX as usize)
             .collect();
         order.sort_unstable();
-        let mut nodes = vec![Node { byte: 0, depth: 0, subtree_end: 0, tokens_start: 0, tokens_end: 0 }];
+        let mut nodes = vec![Node { byte: 0, depth: 0, subtree_end: 0, tokens_start: 0, tokens_end: 0, below: 0 }];
         let mut node_tokens = Vec::with_capacity(order.len());
         // `path[d]` is the node index at depth d on the current root-to-leaf path.
         let mut path: Vec<usize> = vec![0];
@@ -52,6 +90,7 @@ impl TokenTrie {
                     subtree_end: 0,
                     tokens_start: start,
                     tokens_end: start,
+                    below: 0,
                 });
                 path.push(nodes.len() - 1);
                 path_bytes.push(b);
@@ -64,6 +103,21 @@ impl TokenTrie {
         let end = nodes.len() as u32;
         for &open in &path {
             nodes[open].subtree_end = end;
+        }
+        // Children come after their parent in preorder: one backward pass folds each node's
+        // byte and classes into its parent's. The parent is the nearest earlier node one
+        // level up, found with a stack of the latest node per depth.
+        let mut latest: Vec<usize> = Vec::new();
+        let mut parent = vec![0usize; nodes.len()];
+        for (i, n) in nodes.iter().enumerate().skip(1) {
+            let d = n.depth as usize;
+            latest.truncate(d - 1);
+            parent[i] = if d == 1 { 0 } else { latest[d - 2] };
+            latest.push(i);
+        }
+        for i in (1..nodes.len()).rev() {
+            let add = nodes[i].below | 1u64 << byte_class(nodes[i].byte);
+            nodes[parent[i]].below |= add;
         }
         Self { nodes, node_tokens, max_depth }
     }
@@ -98,6 +152,51 @@ impl TokenTrie {
             let depth = node.depth as usize;
             match step(&stack[depth - 1], node.byte) {
                 Some(next) => {
+                    stack.truncate(depth);
+                    stack.push(next);
+                    for &t in &self.node_tokens[node.tokens_start as usize..node.tokens_end as usize] {
+                        on_token(t);
+                    }
+                    i += 1;
+                }
+                None => i = node.subtree_end as usize,
+            }
+        }
+    }
+
+    /// [`Self::walk`] for states that are small ids (a lazily built DFA's), with a shortcut:
+    /// where the state after a node's byte loops on every byte below that node
+    /// (`loops_on(state, classes)`: the state steps to itself on every byte of those
+    /// [`byte_class`]es), the whole subtree is accepted without stepping through it. Inside
+    /// an identifier or a string most of the vocabulary is such subtrees.
+    pub fn walk_looping(
+        &self,
+        start: u32,
+        stack: &mut Vec<u32>,
+        mut step: impl FnMut(u32, u8) -> Option<u32>,
+        mut loops_on: impl FnMut(u32, u64) -> bool,
+        mut on_token: impl FnMut(u32),
+    ) {
+        /// Below this many nodes a subtree is cheaper to walk than to check.
+        const MIN_SUBTREE: u32 = 4;
+        stack.clear();
+        stack.push(start);
+        let mut i = 1;
+        let n = self.nodes.len();
+        while i < n {
+            let node = self.nodes[i];
+            let depth = node.depth as usize;
+            match step(stack[depth - 1], node.byte) {
+                Some(next) => {
+                    if node.subtree_end - i as u32 > MIN_SUBTREE && loops_on(next, node.below) {
+                        let end = node.subtree_end as usize;
+                        let last = if end < n { self.nodes[end].tokens_start } else { self.node_tokens.len() as u32 };
+                        for &t in &self.node_tokens[node.tokens_start as usize..last as usize] {
+                            on_token(t);
+                        }
+                        i = end;
+                        continue;
+                    }
                     stack.truncate(depth);
                     stack.push(next);
                     for &t in &self.node_tokens[node.tokens_start as usize..node.tokens_end as usize] {
@@ -160,6 +259,43 @@ mod tests {
         );
         got.sort();
         assert_eq!(got, vec![0, 1, 3, 4, 7]);
+    }
+
+    #[test]
+    fn looping_walk_agrees_with_the_plain_walk() {
+        let tokens = ["abc", "abcd", "abcde", "abcdef", "ab(", "abz9", "a", "abcdefgh", "abc_d", "x", "ab", "abcdd"];
+        let t = trie(&tokens);
+        // State 0: start; 1: after `a`; 2: inside [a-z]* after `ab` (loops on letters).
+        let step = |s: u32, b: u8| match (s, b) {
+            (0, b'a') => Some(1),
+            (1, b'b') => Some(2),
+            (2, b'a'..=b'z') => Some(2),
+            _ => None,
+        };
+        let mut plain = Vec::new();
+        t.walk(&0u32, &mut Vec::new(), |&s, b| step(s, b), |id| plain.push(id));
+        let mut looping = Vec::new();
+        let mut checks = 0;
+        let loops_on = |s: u32, classes: u64| {
+            checks += 1;
+            s == 2 && classes & !(1u64 << byte_class(b'a')) == 0
+        };
+        t.walk_looping(0, &mut Vec::new(), step, loops_on, |id| looping.push(id));
+        plain.sort();
+        looping.sort();
+        assert_eq!(plain, vec![0, 1, 2, 3, 6, 7, 10, 11]);
+        assert_eq!(looping, plain);
+        assert!(checks > 0);
+    }
+
+    #[test]
+    fn byte_classes_cover_every_byte_below_the_limit() {
+        for b in 0..=255u8 {
+            assert!(byte_class(b) < BYTE_CLASSES, "{b}");
+            assert!(class_bytes(byte_class(b)).any(|x| x == b));
+        }
+        assert_eq!(byte_class(b'q'), byte_class(b'a'));
+        assert_ne!(byte_class(b'_'), byte_class(b'-'));
     }
 
     #[test]

@@ -17,12 +17,11 @@
 //! (a lexer's longest match, without its backtracking to an earlier, shorter match). GBNF text
 //! is plain context-free: a terminal may end wherever its DFA accepts.
 
-use std::cell::RefCell;
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use dspark_guest::{Recognizer, TokenSet, TokenTable, key};
+use dspark_guest::{Recognizer, TokenSet, TokenTable, class_bytes, key};
 use regex_automata::dfa::Automaton;
 use regex_automata::util::primitives::StateID;
 
@@ -154,7 +153,37 @@ struct Group {
     /// What a byte that ends the token leads to, by byte: a greedy token that ends hands the
     /// byte to its configurations' callers, whatever DFA state it ended in, so the answer is
     /// the same at every trie node where this group's token ends with that byte.
-    after: RefCell<Vec<(u8, Option<Walk>)>>,
+    after: Mutex<Vec<(u8, Option<Walk>)>>,
+    /// What follows the token once it ends, expanded down to the next terminals: the
+    /// byte-independent half of every `after` entry, computed once.
+    frontier: OnceLock<Vec<Config>>,
+}
+
+/// Groups and group lists already built, so that equal ones are one object and share their
+/// `after` caches and walk-state ids.
+#[derive(Default)]
+struct SharedGroups {
+    /// Group lists by the hash of the state they came from.
+    lists: HashMap<u64, Vec<(State, GroupList, [u32; MAX_GROUPS])>>,
+    /// Groups by the hash of their terminal and configurations.
+    groups: HashMap<u64, Vec<Arc<Group>>>,
+}
+
+/// The token groups of a walk state.
+type GroupList = Arc<Vec<Arc<Group>>>;
+
+impl SharedGroups {
+    /// The group of `configs` inside terminal `t`, shared with every list that has it.
+    fn group(&mut self, t: u32, ignore: bool, configs: Vec<Config>) -> Arc<Group> {
+        let hash = configs.iter().fold(key::of(&(t, ignore)), |h, c| key::mix(h, c.hash64()));
+        let same = self.groups.entry(hash).or_default();
+        if let Some(g) = same.iter().find(|g| g.t == t && g.ignore == ignore && g.configs == configs) {
+            return g.clone();
+        }
+        let g = Arc::new(Group { t, ignore, configs, after: Mutex::default(), frontier: OnceLock::new() });
+        same.push(g.clone());
+        g
+    }
 }
 
 /// The most token groups a walk state steps without materialising its configurations.
@@ -167,19 +196,28 @@ const GONE: u32 = u32::MAX;
 /// token ends; `Full` is any other state.
 #[derive(Clone, Debug)]
 enum Walk {
-    Tokens { groups: Rc<Vec<Group>>, states: [u32; MAX_GROUPS] },
+    Tokens { groups: GroupList, states: [u32; MAX_GROUPS] },
     Full(State),
 }
 
 /// A compiled grammar as a [`Recognizer`].
 pub struct GrammarRecognizer {
     g: Compiled,
+    /// The walk states met by earlier masks and their transitions, kept so that a mask whose
+    /// states were seen before walks the trie by table lookups alone.
+    walk_table: Mutex<WalkTable>,
+}
+
+/// Locks `m`; a poisoned lock (a panic in an earlier call, which traps the whole instance in
+/// the plugin) still holds consistent caches: every entry is written complete or not at all.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl GrammarRecognizer {
     /// Wraps a compiled grammar.
     pub fn new(g: Compiled) -> Self {
-        Self { g }
+        Self { g, walk_table: Mutex::default() }
     }
 
     /// Whether the whole of `text` is in the language (for tests).
@@ -259,6 +297,82 @@ impl GrammarRecognizer {
         }
     }
 
+    /// The configurations `configs` lead to before their next byte: every nonterminal at the
+    /// top expanded (one configuration per alternative) until a terminal or `%ignore` frame
+    /// is at the top. [`Self::scan`] over the result is [`Self::step`] over `configs`, with
+    /// the expansion done once for every byte.
+    fn predict(&self, configs: impl Iterator<Item = Config>) -> Vec<Config> {
+        let mut out = Vec::new();
+        for c in configs {
+            let mut budget = STEP_BUDGET;
+            self.expand(c, &mut out, &mut budget);
+        }
+        out.sort_by_key(|(h, _)| *h);
+        out.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+        out.into_iter().map(|(_, c)| c).collect()
+    }
+
+    /// [`Self::step`] without the byte: pushes `c`'s expansions into `out`.
+    fn expand(&self, c: Config, out: &mut Vec<(u64, Config)>, budget: &mut u32) {
+        if *budget == 0 {
+            return;
+        }
+        *budget -= 1;
+        match c.top {
+            Frame::Tok { .. } | Frame::Ignore { .. } => out.push((c.hash64(), c)),
+            Frame::Sym { alt, pos } => {
+                let syms = &self.g.alts[alt as usize];
+                let pos = pos as usize;
+                if pos == syms.len() {
+                    if let Some(p) = c.pop() {
+                        self.expand(p, out, budget);
+                    }
+                    return;
+                }
+                let rest = if pos + 1 == syms.len() {
+                    c.pop()
+                } else {
+                    Some(c.with_top(Frame::Sym { alt, pos: pos as u32 + 1 }))
+                };
+                let Some(rest) = rest else { return };
+                match syms[pos] {
+                    Sym::N(n) => {
+                        for &a in &self.g.nonterms[n as usize].alts {
+                            self.expand(rest.push(Frame::Sym { alt: a, pos: 0 }), out, budget);
+                        }
+                    }
+                    Sym::T(t) => {
+                        let start = self.g.dfas[t as usize].start;
+                        self.expand(rest.push(Frame::Tok { t, s: start }), out, budget);
+                        if let Some(i) = self.g.ignore {
+                            let start = self.g.dfas[i as usize].start;
+                            self.expand(c.push(Frame::Ignore { s: start }), out, budget);
+                        }
+                    }
+                }
+            }
+            Frame::End => {
+                if let Some(i) = self.g.ignore {
+                    let start = self.g.dfas[i as usize].start;
+                    self.expand(c.push(Frame::Ignore { s: start }), out, budget);
+                }
+            }
+        }
+    }
+
+    /// Feeds `b` to an expanded configuration (one [`Self::predict`] returned).
+    fn scan(&self, c: &Config, b: u8, out: &mut Vec<(u64, Config)>, budget: &mut u32) {
+        match c.top {
+            Frame::Tok { t, s } => self.step_token(c, t, s, false, b, out, budget),
+            Frame::Ignore { s } => {
+                if let Some(i) = self.g.ignore {
+                    self.step_token(c, i, s, true, b, out, budget);
+                }
+            }
+            Frame::Sym { .. } | Frame::End => self.step(c.clone(), b, out, budget),
+        }
+    }
+
     /// Feeds `b` to a configuration inside terminal `t` (the `%ignore` one when `ignore`):
     /// the token goes on if the byte continues it, and ends here, handing the byte to what
     /// follows, if it can end and (for greedy tokens) the byte does not continue it.
@@ -287,9 +401,15 @@ impl GrammarRecognizer {
     }
 
     /// A state as a walk state: token groups when every configuration is inside a token
-    /// (at most [`MAX_GROUPS`] distinct token frames), else the state itself.
-    fn to_walk(&self, state: State) -> Walk {
-        let mut groups: Vec<Group> = Vec::new();
+    /// (at most [`MAX_GROUPS`] distinct token frames), else the state itself. Equal states get
+    /// the same group list from `shared`, so their walk states are equal too and they share
+    /// the groups' caches.
+    fn to_walk(&self, state: State, shared: &mut SharedGroups) -> Walk {
+        let hash = key::of(&state);
+        if let Some(found) = shared.lists.get(&hash).and_then(|v| v.iter().find(|(s, _, _)| *s == state)) {
+            return Walk::Tokens { groups: found.1.clone(), states: found.2 };
+        }
+        let mut groups: Vec<(u32, bool, Vec<Config>)> = Vec::new();
         let mut states = [GONE; MAX_GROUPS];
         for (_, c) in &state.configs {
             let (t, ignore, s) = match c.top {
@@ -300,24 +420,27 @@ impl GrammarRecognizer {
                 },
                 _ => return Walk::Full(state),
             };
-            match groups.iter().enumerate().position(|(i, g)| g.t == t && g.ignore == ignore && states[i] == s) {
-                Some(i) => groups[i].configs.push(c.clone()),
+            match groups.iter().enumerate().position(|(i, g)| g.0 == t && g.1 == ignore && states[i] == s) {
+                Some(i) => groups[i].2.push(c.clone()),
                 None if groups.len() == MAX_GROUPS => return Walk::Full(state),
                 None => {
                     states[groups.len()] = s;
-                    groups.push(Group { t, ignore, configs: vec![c.clone()], after: RefCell::default() });
+                    groups.push((t, ignore, vec![c.clone()]));
                 }
             }
         }
-        Walk::Tokens { groups: Rc::new(groups), states }
+        let groups: GroupList =
+            Arc::new(groups.into_iter().map(|(t, ignore, configs)| shared.group(t, ignore, configs)).collect());
+        shared.lists.entry(hash).or_default().push((state, groups.clone(), states));
+        Walk::Tokens { groups, states }
     }
 
     /// [`Recognizer::advance`] for walk states: while the byte only continues the tokens,
     /// one DFA step per group; where a token may end, its configurations go through the
     /// recogniser.
-    fn walk_advance(&self, w: &Walk, b: u8) -> Option<Walk> {
+    fn walk_advance(&self, w: &Walk, b: u8, shared: &mut SharedGroups) -> Option<Walk> {
         let (groups, states) = match w {
-            Walk::Full(state) => return self.advance(state, b).map(|n| self.to_walk(n)),
+            Walk::Full(state) => return self.advance(state, b).map(|n| self.to_walk(n, shared)),
             Walk::Tokens { groups, states } => (groups, states),
         };
         let mut next = [GONE; MAX_GROUPS];
@@ -352,33 +475,48 @@ impl GrammarRecognizer {
         // group died: the result depends on the group and the byte alone.
         if let (1, false, Some(i)) = (endings, alive, ending) {
             let g = &groups[i];
-            if let Some((_, w)) = g.after.borrow().iter().find(|(byte, _)| *byte == b) {
+            if let Some((_, w)) = lock(&g.after).iter().find(|(byte, _)| *byte == b) {
                 return w.clone();
             }
-            let configs: Vec<Config> = g.configs.iter().filter_map(Config::pop).collect();
             let mut out = Vec::new();
-            for c in configs {
-                let mut budget = STEP_BUDGET;
-                self.step(c, b, &mut out, &mut budget);
+            let mut budget = STEP_BUDGET;
+            for c in self.frontier(g) {
+                self.scan(c, b, &mut out, &mut budget);
             }
-            let w = self.finish(out).map(|n| self.to_walk(n));
-            g.after.borrow_mut().push((b, w.clone()));
+            let w = self.finish(out).map(|n| self.to_walk(n, shared));
+            lock(&g.after).push((b, w.clone()));
             return w;
         }
-        // A token may end here: run the byte through the recogniser for every live group.
-        let mut configs: Vec<(u64, Config)> = Vec::new();
+        // Tokens end here while others go on: each group either continues with the byte or
+        // (greedy: only where the byte cannot continue it) ends and hands the byte to what
+        // follows it, its frontier.
+        let mut out: Vec<(u64, Config)> = Vec::new();
         for (i, g) in groups.iter().enumerate() {
-            if states[i] == GONE {
+            let s = states[i];
+            if s == GONE {
                 continue;
             }
-            let top = if g.ignore { Frame::Ignore { s: states[i] } } else { Frame::Tok { t: g.t, s: states[i] } };
-            configs.extend(g.configs.iter().map(|c| {
-                let c = c.with_top(top);
-                (c.hash64(), c)
-            }));
+            let stepped = self.dfa_step(g.t, s, b);
+            if let Some(n) = stepped {
+                let top = if g.ignore { Frame::Ignore { s: n } } else { Frame::Tok { t: g.t, s: n } };
+                out.extend(g.configs.iter().map(|c| {
+                    let c = c.with_top(top);
+                    (c.hash64(), c)
+                }));
+            }
+            if (stepped.is_none() || !self.g.greedy) && self.dfa_accepts(g.t, s) {
+                let mut budget = STEP_BUDGET;
+                for c in self.frontier(g) {
+                    self.scan(c, b, &mut out, &mut budget);
+                }
+            }
         }
-        configs.sort_by_key(|(h, _)| *h);
-        self.advance(&State { configs }, b).map(|n| self.to_walk(n))
+        self.finish(out).map(|n| self.to_walk(n, shared))
+    }
+
+    /// What follows group `g`'s token once it ends, expanded down to the next terminals.
+    fn frontier<'g>(&self, g: &'g Group) -> &'g [Config] {
+        g.frontier.get_or_init(|| self.predict(g.configs.iter().filter_map(Config::pop)))
     }
 
     /// The state of the configurations a step produced: deduplicated, ordered, bounded.
@@ -441,9 +579,131 @@ impl Recognizer for GrammarRecognizer {
     }
 
     fn fill_mask(&self, state: &State, table: &TokenTable, set: &mut TokenSet) -> bool {
-        let start = self.to_walk(state.clone());
+        let mut walks = lock(&self.walk_table);
+        let start = self.to_walk(state.clone(), &mut walks.shared);
+        let first = walks.intern(start.clone());
         let mut stack = Vec::new();
-        table.trie().walk(&start, &mut stack, |w, b| self.walk_advance(w, b), |t| set.insert(t));
+        // Both closures step the one table; a cell lends it to each in turn.
+        let cell = std::cell::RefCell::new(&mut *walks);
+        table.trie().walk_looping(
+            first,
+            &mut stack,
+            |w, b| cell.borrow_mut().next(self, w, b),
+            |w, classes| cell.borrow_mut().loops_on(self, w, classes),
+            |t| set.insert(t),
+        );
+        if walks.overflowed {
+            // Too many distinct walk states to tabulate: start the table afresh for later
+            // masks, and walk this one stepping the states directly.
+            *walks = WalkTable::default();
+            set.clear();
+            let mut stack = Vec::new();
+            let shared = &mut walks.shared;
+            table.trie().walk(&start, &mut stack, |w, b| self.walk_advance(w, b, shared), |t| set.insert(t));
+        }
         true
+    }
+}
+
+/// The walk states of the masks as a DFA built lazily: each distinct walk state gets an id
+/// and a row of 256 transitions, filled in the first time a trie walk takes that byte from
+/// it. Most trie nodes share a walk state and a byte with others (inside an identifier every
+/// node is one of the same few DFA positions), so they cost one table lookup instead of
+/// stepping every token group; and masks of states seen before reuse the whole table.
+#[derive(Default)]
+struct WalkTable {
+    walks: Vec<Walk>,
+    shared: SharedGroups,
+    ids: HashMap<WalkKey, Vec<u32>>,
+    /// `walks.len() * 256` transitions: a walk state id, [`DEAD`] or [`UNKNOWN`].
+    next: Vec<u32>,
+    /// Per walk state: the byte classes checked so far, and those of them on every byte of
+    /// which the state steps to itself.
+    loops: Vec<(u64, u64)>,
+    /// Set when the states outgrew [`MAX_WALK_STATES`]; the walk then rejects everything
+    /// and the caller walks again without the table.
+    overflowed: bool,
+}
+
+/// Identity of a walk state for interning: token groups by their shared group list and DFA
+/// states; other states by their hash (equality checked on a hash match).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum WalkKey {
+    Tokens(usize, [u32; MAX_GROUPS]),
+    Full(u64),
+}
+
+const UNKNOWN: u32 = u32::MAX;
+const DEAD: u32 = u32::MAX - 1;
+/// The most walk states the table keeps (256 transitions of 4 bytes each: 8 MiB).
+const MAX_WALK_STATES: usize = 8192;
+
+impl WalkTable {
+    /// The id of `walk`, adding it if new; [`DEAD`] once the table is full.
+    fn intern(&mut self, walk: Walk) -> u32 {
+        let key = match &walk {
+            Walk::Tokens { groups, states } => WalkKey::Tokens(Arc::as_ptr(groups) as usize, *states),
+            Walk::Full(state) => WalkKey::Full(key::of(state)),
+        };
+        let same = |a: &Walk, b: &Walk| match (a, b) {
+            (Walk::Full(x), Walk::Full(y)) => x == y,
+            // Same group list and states: the key says it all.
+            (Walk::Tokens { .. }, Walk::Tokens { .. }) => true,
+            _ => false,
+        };
+        if let Some(ids) = self.ids.get(&key)
+            && let Some(&id) = ids.iter().find(|&&id| same(&self.walks[id as usize], &walk))
+        {
+            return id;
+        }
+        if self.walks.len() == MAX_WALK_STATES {
+            self.overflowed = true;
+            return DEAD;
+        }
+        let id = self.walks.len() as u32;
+        self.walks.push(walk);
+        self.next.resize(self.next.len() + 256, UNKNOWN);
+        self.loops.push((0, 0));
+        self.ids.entry(key).or_default().push(id);
+        id
+    }
+
+    /// Whether walk state `w` steps to itself on every byte of the byte classes `classes`.
+    fn loops_on(&mut self, rec: &GrammarRecognizer, w: u32, classes: u64) -> bool {
+        let (known, looping) = self.loops[w as usize];
+        if classes & known & !looping != 0 {
+            return false;
+        }
+        let mut unknown = classes & !known;
+        while unknown != 0 {
+            let class = unknown.trailing_zeros();
+            unknown &= unknown - 1;
+            let loops = class_bytes(class).all(|b| self.next(rec, w, b) == Some(w));
+            let entry = &mut self.loops[w as usize];
+            entry.0 |= 1 << class;
+            if !loops {
+                return false;
+            }
+            entry.1 |= 1 << class;
+        }
+        true
+    }
+
+    /// The walk state after byte `b` from state `w`, or `None` where the byte is rejected.
+    #[inline]
+    fn next(&mut self, rec: &GrammarRecognizer, w: u32, b: u8) -> Option<u32> {
+        if self.overflowed {
+            return None;
+        }
+        let slot = w as usize * 256 + b as usize;
+        let mut n = self.next[slot];
+        if n == UNKNOWN {
+            n = match rec.walk_advance(&self.walks[w as usize], b, &mut self.shared) {
+                Some(walk) => self.intern(walk),
+                None => DEAD,
+            };
+            self.next[slot] = n;
+        }
+        (n != DEAD).then_some(n)
     }
 }

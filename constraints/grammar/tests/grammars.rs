@@ -173,12 +173,37 @@ fn errors_name_the_place() {
     assert_eq!(e.code, ErrorCode::TooLarge, "{e}");
 }
 
-/// The mask fast path (token groups stepped by their DFA alone) allows exactly the tokens the
-/// plain trie walk allows, at every prefix of every valid sample.
+/// A vocabulary with the shapes of a real one: words with and without a leading space,
+/// keywords and their extensions, words glued to punctuation, numbers and strings, so that
+/// the trie has large subtrees an identifier state loops over and subtrees it leaves midway.
+fn rich_table() -> Arc<TokenTable> {
+    let words = [
+        "let", "lets", "letter", "fn", "fnord", "while", "whiles", "return", "returned", "if", "iff", "else", "true",
+        "truex", "false", "x", "xy", "xyz", "add", "adder", "print", "foo", "fooo", "food", "foo_bar", "n", "f", "a",
+        "b", "select", "SELECT", "from", "FROM", "where", "null", "nul", "abc", "abcd", "abcde", "abcdef",
+    ];
+    let mut extra: Vec<String> = Vec::new();
+    for w in words {
+        for prefix in ["", " ", "  ", "(", "\"", "{\""] {
+            for suffix in ["", "(", ";", " =", "_x", "9", ",", "\"", "\":", ")"] {
+                extra.push(format!("{prefix}{w}{suffix}"));
+            }
+        }
+    }
+    extra.extend(
+        ["==", " ==", "!=", "<=", " <", "12", "123", " 1", "0.5", "\"abc\"", "{}", "[]", "],", "},"].map(String::from),
+    );
+    let refs: Vec<&str> = extra.iter().map(String::as_str).collect();
+    Arc::new(TokenTable::byte_level_for_tests(&refs))
+}
+
+/// The mask fast path (token groups stepped by their DFA alone, walk states tabulated and
+/// kept across masks, subtrees an identifier state loops over taken whole) allows exactly the
+/// tokens the plain trie walk allows, at every prefix of every valid sample.
 #[test]
 fn fast_masks_equal_the_plain_walk() {
     use dspark_guest::{Recognizer, TokenSet};
-    let table = table();
+    let table = rich_table();
     for (kind, file) in [
         ("gbnf", "json.gbnf"),
         ("lark", "json.lark"),
