@@ -29,6 +29,33 @@ impl Hasher for KeyHasher {
     }
 }
 
+/// A hasher for keys that are already well mixed (the results of [`of`] and [`mix`]): it
+/// passes the `u64` through, so a map over such keys costs no hashing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is expected; anything else still hashes, just slowly.
+        for &b in bytes {
+            self.0 = mix(self.0, b as u64);
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by mixed 64-bit keys, hashed by [`PassThrough`].
+pub type KeyMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<PassThrough>>;
+
 /// The key of any hashable value.
 pub fn of<T: Hash + ?Sized>(value: &T) -> u64 {
     let mut h = KeyHasher::default();

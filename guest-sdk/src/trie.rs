@@ -11,8 +11,59 @@ struct Node {
     subtree_end: u32,
     tokens_start: u32,
     tokens_end: u32,
-    /// The [`byte_class`]es of the edges below this node (its descendants' bytes).
+    /// The [`byte_class`]es of the edges below this node (its descendants' bytes), and
+    /// [`UTF8_WHOLE`] when this node ends at a character boundary and every path below it is
+    /// well-formed UTF-8 (possibly cut inside the last character).
     below: u64,
+}
+
+/// A bit of the class sets [`TokenTrie::walk_looping`] passes (beside the [`byte_class`]
+/// bits): the subtree starts at a UTF-8 character boundary and holds only well-formed UTF-8,
+/// so a state that steps from itself back to itself over every character (and stays alive
+/// inside one) accepts all of it.
+pub const UTF8_WHOLE: u64 = 1 << 63;
+
+/// The byte classes of the bytes 0x80..=0xff.
+pub const NON_ASCII_CLASSES: u64 = 0b1111 << 41;
+
+/// Where a UTF-8 decoder is: at a character boundary, or inside a character with the bytes
+/// still expected and the range the next one must lie in (RFC 3629: no overlong forms, no
+/// surrogates, nothing past U+10FFFF).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Utf8Step {
+    /// Continuation bytes still expected (0: at a boundary).
+    pub remaining: u8,
+    /// The smallest allowed next byte.
+    pub lo: u8,
+    /// The largest allowed next byte.
+    pub hi: u8,
+}
+
+impl Utf8Step {
+    /// At a character boundary.
+    pub const BOUNDARY: Utf8Step = Utf8Step { remaining: 0, lo: 0, hi: 0xf4 };
+
+    /// The decoder after byte `b`, or `None` where `b` makes the text ill-formed.
+    pub fn next(self, b: u8) -> Option<Utf8Step> {
+        let cont = |remaining| Some(Utf8Step { remaining, lo: 0x80, hi: 0xbf });
+        if self.remaining > 0 {
+            if !(self.lo..=self.hi).contains(&b) {
+                return None;
+            }
+            return if self.remaining == 1 { Some(Utf8Step::BOUNDARY) } else { cont(self.remaining - 1) };
+        }
+        match b {
+            0x00..=0x7f => Some(Utf8Step::BOUNDARY),
+            0xc2..=0xdf => cont(1),
+            0xe0 => Some(Utf8Step { remaining: 2, lo: 0xa0, hi: 0xbf }),
+            0xe1..=0xec | 0xee..=0xef => cont(2),
+            0xed => Some(Utf8Step { remaining: 2, lo: 0x80, hi: 0x9f }),
+            0xf0 => Some(Utf8Step { remaining: 3, lo: 0x90, hi: 0xbf }),
+            0xf1..=0xf3 => cont(3),
+            0xf4 => Some(Utf8Step { remaining: 3, lo: 0x80, hi: 0x8f }),
+            _ => None,
+        }
+    }
 }
 
 /// The number of byte classes: see [`byte_class`].
@@ -107,17 +158,29 @@ impl TokenTrie {
         // Children come after their parent in preorder: one backward pass folds each node's
         // byte and classes into its parent's. The parent is the nearest earlier node one
         // level up, found with a stack of the latest node per depth.
+        // Alongside, each node's UTF-8 decoder state (None: ill-formed on the way) and whether
+        // everything below it is well-formed.
         let mut latest: Vec<usize> = Vec::new();
         let mut parent = vec![0usize; nodes.len()];
+        let mut utf8 = vec![Some(Utf8Step::BOUNDARY); nodes.len()];
         for (i, n) in nodes.iter().enumerate().skip(1) {
             let d = n.depth as usize;
             latest.truncate(d - 1);
             parent[i] = if d == 1 { 0 } else { latest[d - 2] };
+            utf8[i] = utf8[parent[i]].and_then(|u| u.next(n.byte));
             latest.push(i);
         }
+        let mut well_formed_below = vec![true; nodes.len()];
         for i in (1..nodes.len()).rev() {
-            let add = nodes[i].below | 1u64 << byte_class(nodes[i].byte);
-            nodes[parent[i]].below |= add;
+            let add = nodes[i].below & !UTF8_WHOLE | 1u64 << byte_class(nodes[i].byte);
+            let p = parent[i];
+            nodes[p].below |= add;
+            well_formed_below[p] &= utf8[i].is_some() && well_formed_below[i];
+        }
+        for (i, n) in nodes.iter_mut().enumerate() {
+            if well_formed_below[i] && utf8[i] == Some(Utf8Step::BOUNDARY) {
+                n.below |= UTF8_WHOLE;
+            }
         }
         Self { nodes, node_tokens, max_depth }
     }
@@ -286,6 +349,30 @@ mod tests {
         assert_eq!(plain, vec![0, 1, 2, 3, 6, 7, 10, 11]);
         assert_eq!(looping, plain);
         assert!(checks > 0);
+    }
+
+    #[test]
+    fn utf8_steps_accept_exactly_well_formed_text() {
+        let run = |bytes: &[u8]| bytes.iter().try_fold(Utf8Step::BOUNDARY, |u, &b| u.next(b));
+        for text in ["", "abc", "é", "日本語", "🦀", "a\u{10ffff}z", "\u{d7ff}\u{e000}"] {
+            assert_eq!(run(text.as_bytes()), Some(Utf8Step::BOUNDARY), "{text}");
+        }
+        // Cut inside a character: alive, not at a boundary.
+        assert!(run(&"é".as_bytes()[..1]).is_some_and(|u| u != Utf8Step::BOUNDARY));
+        // Overlong, surrogate, past U+10FFFF, stray continuation, bad lead.
+        for bad in
+            [&[0xc0, 0x80][..], &[0xe0, 0x80, 0x80], &[0xed, 0xa0, 0x80], &[0xf4, 0x90, 0x80, 0x80], &[0x80], &[0xff]]
+        {
+            assert_eq!(run(bad), None, "{bad:x?}");
+        }
+        let t = trie(&["é", "éa", "éab", "éabc", "éabcd", "\u{fffd}"]);
+        // Node 1 is the first byte of `é` (inside a character), node 2 its end.
+        assert_eq!(t.nodes[1].below & UTF8_WHOLE, 0);
+        assert_ne!(t.nodes[2].below & UTF8_WHOLE, 0);
+        let t = trie(&["é", "é\u{80}", "éa"]);
+        assert_ne!(t.nodes[2].below & UTF8_WHOLE, 0);
+        let bad = TokenTrie::build(2, |i| [&b"\xc3\xa9"[..], &b"\xc3\xa9\xff"[..]][i]);
+        assert_eq!(bad.nodes[2].below & UTF8_WHOLE, 0);
     }
 
     #[test]

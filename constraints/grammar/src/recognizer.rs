@@ -21,7 +21,8 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use dspark_guest::{Recognizer, TokenSet, TokenTable, class_bytes, key};
+use dspark_guest::key::KeyMap;
+use dspark_guest::{NON_ASCII_CLASSES, Recognizer, TokenSet, TokenTable, UTF8_WHOLE, Utf8Step, class_bytes, key};
 use regex_automata::dfa::Automaton;
 use regex_automata::util::primitives::StateID;
 
@@ -133,6 +134,13 @@ pub struct State {
     configs: Vec<(u64, Config)>,
 }
 
+impl State {
+    /// A key for maps inside one mask computation: the configurations' hashes mixed.
+    fn fast_key(&self) -> u64 {
+        self.configs.iter().fold(0x5eed, |h, (k, _)| key::mix(h, *k))
+    }
+}
+
 impl Hash for State {
     fn hash<H: Hasher>(&self, h: &mut H) {
         for (k, _) in &self.configs {
@@ -153,10 +161,29 @@ struct Group {
     /// What a byte that ends the token leads to, by byte: a greedy token that ends hands the
     /// byte to its configurations' callers, whatever DFA state it ended in, so the answer is
     /// the same at every trie node where this group's token ends with that byte.
-    after: Mutex<Vec<(u8, Option<Walk>)>>,
+    after: Mutex<After>,
     /// What follows the token once it ends, expanded down to the next terminals: the
     /// byte-independent half of every `after` entry, computed once.
     frontier: OnceLock<Vec<Config>>,
+}
+
+/// What a byte that ends a group's token leads to, by byte.
+struct After {
+    /// Per byte: 0, or one more than the entry's index in `walks`.
+    slot: [u16; 256],
+    walks: Vec<Option<Walk>>,
+}
+
+impl Default for After {
+    fn default() -> Self {
+        Self { slot: [0; 256], walks: Vec::new() }
+    }
+}
+
+impl std::fmt::Debug for After {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "After({} bytes)", self.walks.len())
+    }
 }
 
 /// Groups and group lists already built, so that equal ones are one object and share their
@@ -164,9 +191,9 @@ struct Group {
 #[derive(Default)]
 struct SharedGroups {
     /// Group lists by the hash of the state they came from.
-    lists: HashMap<u64, Vec<(State, GroupList, [u32; MAX_GROUPS])>>,
+    lists: KeyMap<Vec<(State, GroupList, [u32; MAX_GROUPS])>>,
     /// Groups by the hash of their terminal and configurations.
-    groups: HashMap<u64, Vec<Arc<Group>>>,
+    groups: KeyMap<Vec<Arc<Group>>>,
 }
 
 /// The token groups of a walk state.
@@ -373,6 +400,43 @@ impl GrammarRecognizer {
         }
     }
 
+    /// Whether terminal `t`'s DFA, from state `s` at a character boundary, comes back to `s`
+    /// after every multi-byte UTF-8 character and stays alive inside each (for plain-text
+    /// grammars, where a token may end wherever it accepts, also without accepting there).
+    /// A search over (DFA state, UTF-8 decoder state) pairs, memoised in `memo`.
+    fn dfa_loops_over_utf8(&self, t: u32, s: u32, memo: &mut HashMap<(u32, u32), bool>) -> bool {
+        if let Some(&known) = memo.get(&(t, s)) {
+            return known;
+        }
+        let may_end = |q: u32| !self.g.greedy && self.dfa_accepts(t, q);
+        let mut loops = !may_end(s);
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![(s, Utf8Step::BOUNDARY)];
+        'search: while let Some((q, u)) = todo.pop() {
+            let bytes = if u == Utf8Step::BOUNDARY { 0xc2..=0xf4 } else { u.lo..=u.hi };
+            for b in bytes {
+                let Some(next_u) = u.next(b) else { continue };
+                let Some(next_q) = self.dfa_step(t, q, b) else {
+                    loops = false;
+                    break 'search;
+                };
+                if next_u == Utf8Step::BOUNDARY {
+                    if next_q != s {
+                        loops = false;
+                        break 'search;
+                    }
+                } else if may_end(next_q) {
+                    loops = false;
+                    break 'search;
+                } else if seen.insert((next_q, next_u)) {
+                    todo.push((next_q, next_u));
+                }
+            }
+        }
+        memo.insert((t, s), loops);
+        loops
+    }
+
     /// Feeds `b` to a configuration inside terminal `t` (the `%ignore` one when `ignore`):
     /// the token goes on if the byte continues it, and ends here, handing the byte to what
     /// follows, if it can end and (for greedy tokens) the byte does not continue it.
@@ -405,7 +469,7 @@ impl GrammarRecognizer {
     /// the same group list from `shared`, so their walk states are equal too and they share
     /// the groups' caches.
     fn to_walk(&self, state: State, shared: &mut SharedGroups) -> Walk {
-        let hash = key::of(&state);
+        let hash = state.fast_key();
         if let Some(found) = shared.lists.get(&hash).and_then(|v| v.iter().find(|(s, _, _)| *s == state)) {
             return Walk::Tokens { groups: found.1.clone(), states: found.2 };
         }
@@ -475,8 +539,12 @@ impl GrammarRecognizer {
         // group died: the result depends on the group and the byte alone.
         if let (1, false, Some(i)) = (endings, alive, ending) {
             let g = &groups[i];
-            if let Some((_, w)) = lock(&g.after).iter().find(|(byte, _)| *byte == b) {
-                return w.clone();
+            {
+                let after = lock(&g.after);
+                let slot = after.slot[b as usize];
+                if slot > 0 {
+                    return after.walks[slot as usize - 1].clone();
+                }
             }
             let mut out = Vec::new();
             let mut budget = STEP_BUDGET;
@@ -484,7 +552,9 @@ impl GrammarRecognizer {
                 self.scan(c, b, &mut out, &mut budget);
             }
             let w = self.finish(out).map(|n| self.to_walk(n, shared));
-            lock(&g.after).push((b, w.clone()));
+            let mut after = lock(&g.after);
+            after.walks.push(w.clone());
+            after.slot[b as usize] = after.walks.len() as u16;
             return w;
         }
         // Tokens end here while others go on: each group either continues with the byte or
@@ -614,23 +684,19 @@ impl Recognizer for GrammarRecognizer {
 struct WalkTable {
     walks: Vec<Walk>,
     shared: SharedGroups,
-    ids: HashMap<WalkKey, Vec<u32>>,
+    ids: KeyMap<Vec<u32>>,
     /// `walks.len() * 256` transitions: a walk state id, [`DEAD`] or [`UNKNOWN`].
     next: Vec<u32>,
     /// Per walk state: the byte classes checked so far, and those of them on every byte of
     /// which the state steps to itself.
     loops: Vec<(u64, u64)>,
+    /// Per walk state, once known: [`Self::loops_over_utf8`].
+    utf8_loops: Vec<Option<bool>>,
+    /// [`GrammarRecognizer::dfa_loops_over_utf8`] by terminal and DFA state.
+    utf8_by_dfa_state: HashMap<(u32, u32), bool>,
     /// Set when the states outgrew [`MAX_WALK_STATES`]; the walk then rejects everything
     /// and the caller walks again without the table.
     overflowed: bool,
-}
-
-/// Identity of a walk state for interning: token groups by their shared group list and DFA
-/// states; other states by their hash (equality checked on a hash match).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-enum WalkKey {
-    Tokens(usize, [u32; MAX_GROUPS]),
-    Full(u64),
 }
 
 const UNKNOWN: u32 = u32::MAX;
@@ -641,14 +707,18 @@ const MAX_WALK_STATES: usize = 8192;
 impl WalkTable {
     /// The id of `walk`, adding it if new; [`DEAD`] once the table is full.
     fn intern(&mut self, walk: Walk) -> u32 {
+        // Token groups by their shared group list and DFA states; other states by content.
         let key = match &walk {
-            Walk::Tokens { groups, states } => WalkKey::Tokens(Arc::as_ptr(groups) as usize, *states),
-            Walk::Full(state) => WalkKey::Full(key::of(state)),
+            Walk::Tokens { groups, states } => {
+                states[..groups.len()].iter().fold(Arc::as_ptr(groups) as usize as u64, |h, &s| key::mix(h, s as u64))
+            }
+            Walk::Full(state) => key::mix(state.fast_key(), 1),
         };
         let same = |a: &Walk, b: &Walk| match (a, b) {
             (Walk::Full(x), Walk::Full(y)) => x == y,
-            // Same group list and states: the key says it all.
-            (Walk::Tokens { .. }, Walk::Tokens { .. }) => true,
+            (Walk::Tokens { groups: g, states: s }, Walk::Tokens { groups: h, states: t }) => {
+                Arc::ptr_eq(g, h) && s == t
+            }
             _ => false,
         };
         if let Some(ids) = self.ids.get(&key)
@@ -664,12 +734,21 @@ impl WalkTable {
         self.walks.push(walk);
         self.next.resize(self.next.len() + 256, UNKNOWN);
         self.loops.push((0, 0));
+        self.utf8_loops.push(None);
         self.ids.entry(key).or_default().push(id);
         id
     }
 
     /// Whether walk state `w` steps to itself on every byte of the byte classes `classes`.
     fn loops_on(&mut self, rec: &GrammarRecognizer, w: u32, classes: u64) -> bool {
+        if classes & NON_ASCII_CLASSES != 0 {
+            // Bytes of several kinds inside characters: the subtree must be whole characters
+            // and every token group must go round its DFA state over each of them.
+            if classes & UTF8_WHOLE == 0 || !self.loops_over_utf8(rec, w) {
+                return false;
+            }
+        }
+        let classes = classes & !(NON_ASCII_CLASSES | UTF8_WHOLE);
         let (known, looping) = self.loops[w as usize];
         if classes & known & !looping != 0 {
             return false;
@@ -687,6 +766,25 @@ impl WalkTable {
             entry.1 |= 1 << class;
         }
         true
+    }
+
+    /// Whether every token group of walk state `w` steps from its DFA state back to it over
+    /// every multi-byte UTF-8 character, staying alive (and, for plain-text tokens, not
+    /// accepting) inside one, so that no token ends and the walk state stays `w`.
+    fn loops_over_utf8(&mut self, rec: &GrammarRecognizer, w: u32) -> bool {
+        if let Some(known) = self.utf8_loops[w as usize] {
+            return known;
+        }
+        let loops = match &self.walks[w as usize] {
+            Walk::Full(_) => false,
+            Walk::Tokens { groups, states } => groups
+                .iter()
+                .zip(states)
+                .filter(|&(_, &s)| s != GONE)
+                .all(|(g, &s)| rec.dfa_loops_over_utf8(g.t, s, &mut self.utf8_by_dfa_state)),
+        };
+        self.utf8_loops[w as usize] = Some(loops);
+        loops
     }
 
     /// The walk state after byte `b` from state `w`, or `None` where the byte is rejected.
