@@ -13,6 +13,7 @@ use crate::api::{CommitResult, CompiledConstraint, ConstraintError, ErrorCode, M
 use crate::bitset::TokenSet;
 use crate::key;
 use crate::table::TokenTable;
+use crate::walk::StateTable;
 
 /// A byte-level recogniser of a language: a (possibly infinite) state machine over bytes.
 pub trait Recognizer: Send + Sync + 'static {
@@ -117,9 +118,9 @@ pub struct RecognizerMatcher<R: Recognizer> {
     rec: Arc<R>,
     table: Arc<TokenTable>,
     cache: Arc<MaskCache>,
+    walks: Arc<Mutex<StateTable<R::State>>>,
     start: R::State,
     history: Vec<Step<R::State>>,
-    stack: Vec<R::State>,
     set: TokenSet,
 }
 
@@ -129,25 +130,30 @@ impl<R: Recognizer> Clone for RecognizerMatcher<R> {
             rec: self.rec.clone(),
             table: self.table.clone(),
             cache: self.cache.clone(),
+            walks: self.walks.clone(),
             start: self.start.clone(),
             history: self.history.clone(),
-            stack: Vec::new(),
             set: TokenSet::new(self.table.vocab_size()),
         }
     }
 }
 
 impl<R: Recognizer> RecognizerMatcher<R> {
-    /// A matcher at the recogniser's start state, with its own mask cache.
+    /// A matcher at the recogniser's start state, with its own mask cache and state table.
     pub fn new(rec: Arc<R>, table: Arc<TokenTable>) -> Self {
-        Self::with_cache(rec, table, Arc::default())
+        Self::with_cache(rec, table, Arc::default(), Arc::default())
     }
 
-    /// A matcher sharing `cache` with the other matchers of its constraint.
-    pub fn with_cache(rec: Arc<R>, table: Arc<TokenTable>, cache: Arc<MaskCache>) -> Self {
+    /// A matcher sharing `cache` and `walks` with the other matchers of its constraint.
+    pub fn with_cache(
+        rec: Arc<R>,
+        table: Arc<TokenTable>,
+        cache: Arc<MaskCache>,
+        walks: Arc<Mutex<StateTable<R::State>>>,
+    ) -> Self {
         let start = rec.start();
         let set = TokenSet::new(table.vocab_size());
-        Self { rec, table, cache, start, history: Vec::new(), stack: Vec::new(), set }
+        Self { rec, table, cache, walks, start, history: Vec::new(), set }
     }
 
     /// The current recogniser state, or `None` after EOS.
@@ -178,7 +184,8 @@ impl<R: Recognizer> RecognizerMatcher<R> {
             if (!self.rec.is_accepting(&state) || self.rec.can_extend(&state))
                 && !rec.fill_mask(&state, &self.table, set)
             {
-                self.table.trie().walk(&state, &mut self.stack, |s, b| rec.advance(s, b), |t| set.insert(t));
+                let mut walks = self.walks.lock().unwrap_or_else(|p| p.into_inner());
+                walks.fill(rec, &state, &self.table, set);
             }
             if self.rec.is_accepting(&state) {
                 for &t in self.table.eos_tokens() {
@@ -342,17 +349,24 @@ pub struct RecognizerConstraint<R: Recognizer> {
     table: Arc<TokenTable>,
     warnings: Vec<Warning>,
     cache: Arc<MaskCache>,
+    walks: Arc<Mutex<StateTable<R::State>>>,
 }
 
 impl<R: Recognizer> RecognizerConstraint<R> {
     /// Wraps `rec` for `table`, with the warnings its compilation produced.
     pub fn new(rec: R, table: &Arc<TokenTable>, warnings: Vec<Warning>) -> Arc<Self> {
-        Arc::new(Self { rec: Arc::new(rec), table: table.clone(), warnings, cache: Arc::default() })
+        Arc::new(Self {
+            rec: Arc::new(rec),
+            table: table.clone(),
+            warnings,
+            cache: Arc::default(),
+            walks: Arc::default(),
+        })
     }
 
     /// A concrete matcher (for native tests that want [`RecognizerMatcher`]'s extra methods).
     pub fn matcher(&self) -> RecognizerMatcher<R> {
-        RecognizerMatcher::with_cache(self.rec.clone(), self.table.clone(), self.cache.clone())
+        RecognizerMatcher::with_cache(self.rec.clone(), self.table.clone(), self.cache.clone(), self.walks.clone())
     }
 }
 

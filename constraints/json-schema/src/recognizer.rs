@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use regex_automata::dfa::Automaton;
 use regex_automata::util::primitives::StateID;
 
-use dspark_guest::{Recognizer, TokenSet, TokenTable, key};
+use dspark_guest::{Recognizer, StateTable, TokenSet, TokenTable, TokenTrie, key};
 
 use crate::graph::{ANY, Graph, Node, NodeId, PropertyOrder};
 use crate::stack::Stack;
@@ -258,6 +258,9 @@ pub struct SchemaRecognizer {
     graph: Graph,
     layout: Layout,
     pattern_classes: PatternClassCache,
+    /// The states mask walks met, tabulated (see [`StateTable`]), for the configurations that
+    /// take no in-string fast path.
+    walks: Mutex<StateTable<State>>,
 }
 
 impl SchemaRecognizer {
@@ -268,7 +271,18 @@ impl SchemaRecognizer {
 
     /// Wraps a compiled graph with a layout.
     pub fn with_layout(graph: Graph, layout: Layout) -> Self {
-        Self { graph, layout, pattern_classes: Mutex::new(HashMap::new()) }
+        Self { graph, layout, pattern_classes: Mutex::new(HashMap::new()), walks: Mutex::default() }
+    }
+
+    /// Fills `set` with the tokens `state` allows by walking the token trie through the
+    /// recogniser's state table.
+    pub(crate) fn fill_by_table(&self, state: &State, table: &TokenTable, set: &mut TokenSet) {
+        self.fill_trie_by_table(state, table.trie(), set);
+    }
+
+    /// [`Self::fill_by_table`] over the tokens of `trie` only.
+    pub(crate) fn fill_trie_by_table(&self, state: &State, trie: &TokenTrie, set: &mut TokenSet) {
+        self.walks.lock().unwrap_or_else(|p| p.into_inner()).fill_trie(self, state, trie, set);
     }
 
     /// The escape-free content tokens allowed by `key`, found by walking the token trie with
@@ -1221,7 +1235,10 @@ impl Recognizer for SchemaRecognizer {
     }
 
     fn fill_mask(&self, state: &State, table: &TokenTable, set: &mut TokenSet) -> bool {
-        crate::strings::fill_string_mask(self, state, table, set)
+        if !crate::strings::fill_string_mask(self, state, table, set) {
+            self.fill_by_table(state, table, set);
+        }
+        true
     }
 
     fn state_key(&self, state: &State) -> u64 {

@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use dspark_guest::{Recognizer, TokenSet, TokenTable};
+use dspark_guest::{TokenSet, TokenTable, TokenTrie};
 
 pub use crate::recognizer::PatternClassCache;
 
@@ -30,6 +30,21 @@ pub struct StringSets {
     long: Vec<(u32, u32)>,
     /// Characters per token (content tokens; saturating at 255).
     chars: Vec<u8>,
+    /// `closing`, `closing_noesc` and `content_esc` as tries: the tokens a mask must check
+    /// one by one are walked together from the string's state, so their common prefixes are
+    /// stepped once and a dead prefix drops all the tokens that share it.
+    closing_trie: TokenTrie,
+    closing_noesc_trie: TokenTrie,
+    content_esc_trie: TokenTrie,
+}
+
+/// A trie over the tokens `ids` of `table` only.
+fn sub_trie(table: &TokenTable, ids: &[u32]) -> TokenTrie {
+    let mut member = vec![false; table.vocab_size()];
+    for &t in ids {
+        member[t as usize] = true;
+    }
+    TokenTrie::build(table.vocab_size(), |id| if member[id] { table.token_bytes(id as u32) } else { &[] })
 }
 
 impl StringSets {
@@ -44,6 +59,9 @@ impl StringSets {
             by_len: (0..=16).map(|_| TokenSet::new(n)).collect(),
             long: Vec::new(),
             chars: vec![0; n],
+            closing_trie: TokenTrie::build(0, |_| &[]),
+            closing_noesc_trie: TokenTrie::build(0, |_| &[]),
+            content_esc_trie: TokenTrie::build(0, |_| &[]),
         };
         for id in 0..n as u32 {
             if table.is_special(id) {
@@ -98,6 +116,9 @@ impl StringSets {
                 _ => {}
             }
         }
+        s.closing_trie = sub_trie(table, &s.closing);
+        s.closing_noesc_trie = sub_trie(table, &s.closing_noesc);
+        s.content_esc_trie = sub_trie(table, &s.content_esc);
         s
     }
 }
@@ -133,34 +154,36 @@ pub fn fill_string_mask(rec: &SchemaRecognizer, state: &State, table: &TokenTabl
     if !configs.iter().any(|c| eligible(rec, c)) {
         return false;
     }
-    let mut stack = Vec::new();
     for c in &configs {
         if eligible(rec, c) {
-            fill_one(rec, c, table, set, &|bytes| accepts(rec, c, bytes));
+            fill_one(rec, c, table, set, &|trie: &TokenTrie, set: &mut TokenSet| rec.fill_trie_by_table(c, trie, set));
         } else {
-            table.trie().walk(c, &mut stack, |s, b| rec.advance(s, b), |t| set.insert(t));
+            rec.fill_by_table(c, table, set);
         }
     }
     true
 }
 
+/// Walks a sub-trie of the vocabulary from one state, inserting the tokens it accepts.
+pub type SubTrieWalk<'a> = &'a dyn Fn(&TokenTrie, &mut TokenSet);
+
 /// The fast path for a recogniser embedded in a larger one (the tool-call plugin's arguments):
 /// fills `set` for a single-configuration state inside a string and returns `true`, else
 /// returns `false`. Tokens that leave the string may run past the end of this document into
-/// what the outer recogniser expects next, so they are checked with `outer_accepts` (the
-/// outer recogniser's view of the same state); tokens that stay inside the string are decided
+/// what the outer recogniser expects next, so they are walked with `outer_walk` (the outer
+/// recogniser's walk from the same state); tokens that stay inside the string are decided
 /// here.
 pub fn fill_embedded_string_mask(
     rec: &SchemaRecognizer,
     state: &State,
     table: &TokenTable,
     set: &mut TokenSet,
-    outer_accepts: &dyn Fn(&[u8]) -> bool,
+    outer_walk: SubTrieWalk<'_>,
 ) -> bool {
     if state.single().is_none() || !eligible(rec, state) {
         return false;
     }
-    fill_one(rec, state, table, set, outer_accepts);
+    fill_one(rec, state, table, set, outer_walk);
     true
 }
 
@@ -182,42 +205,17 @@ fn eligible_config(state: &State) -> bool {
     }
 }
 
-/// Whether `state` accepts all of `bytes`.
-fn accepts(rec: &SchemaRecognizer, state: &State, bytes: &[u8]) -> bool {
-    let mut s = state.clone();
-    for &b in bytes {
-        match rec.advance(&s, b) {
-            Some(n) => s = n,
-            None => return false,
-        }
-    }
-    true
-}
-
-/// Fills the mask of one in-string state; tokens checked one by one (escapes, closing quotes)
-/// are decided by `accepts`.
-fn fill_one(
-    rec: &SchemaRecognizer,
-    state: &State,
-    table: &TokenTable,
-    set: &mut TokenSet,
-    accepts: &dyn Fn(&[u8]) -> bool,
-) {
+/// Fills the mask of one in-string state; the tokens that need checking (escapes, closing
+/// quotes) are decided by walking their sub-tries with `walk`.
+fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut TokenSet, walk: SubTrieWalk<'_>) {
     let sets = sets_for(table);
     let g = rec.graph();
-    let check = |set: &mut TokenSet, ids: &[u32]| {
-        for &t in ids {
-            if accepts(table.token_bytes(t)) {
-                set.insert(t);
-            }
-        }
-    };
     match state.single().and_then(|c| c.top()) {
         Some(Frame::Str { node, len, dfa, .. }) => {
             let Node::String(s) = g.node(*node) else { return };
             if s.patterns.is_empty() && s.max_len == u32::MAX {
                 or_into(set, &sets.content);
-                check(set, &sets.closing);
+                walk(&sets.closing_trie, set);
                 return;
             }
             // Escape-free content that keeps every pattern alive (and completable in the room
@@ -242,15 +240,15 @@ fn fill_one(
                     }
                 }
             }
-            check(set, &sets.content_esc);
-            check(set, &sets.closing);
+            walk(&sets.content_esc_trie, set);
+            walk(&sets.closing_trie, set);
         }
         Some(Frame::FreeKey { obj, dfa, .. }) => {
             let Node::Object(o) = g.node(*obj) else { return };
             if o.patterns.is_empty() {
                 // Any key text is fine while it lasts (escapes included).
                 or_into(set, &sets.content);
-                check(set, &sets.closing);
+                walk(&sets.closing_trie, set);
                 return;
             } else if o.additional != crate::graph::NEVER {
                 // The patterns decide the value's schema only when the key closes.
@@ -263,7 +261,7 @@ fn fill_one(
                 }
                 or_into(set, &rec.content_class(key, table));
             }
-            check(set, &sets.closing_noesc);
+            walk(&sets.closing_noesc_trie, set);
         }
         _ => {}
     }

@@ -32,6 +32,16 @@ fn table() -> TokenTable {
     ] {
         tokens.push(t.as_bytes().to_vec());
     }
+    // Families with shared prefixes, so that the trie has subtrees large enough for the state
+    // table's shortcut (a state that loops over every byte below a node) to apply.
+    for w in ["abc", "name", "1234", "12", "123", "1.5", "1e5", "-1", "true", "tru", "nul", "null", "é", "日本", "zz"]
+    {
+        for prefix in ["", " ", "\"", "{\"", "[", ","] {
+            for suffix in ["", "\"", ",", "}", "é", "9", "zzz"] {
+                tokens.push(format!("{prefix}{w}{suffix}").into_bytes());
+            }
+        }
+    }
     tokens.push(vec![0xC3]); // a UTF-8 lead byte alone
     tokens.push(vec![0xA9, b'x']); // a continuation byte first
     tokens.push(b"<eos>".to_vec());
@@ -83,4 +93,12 @@ fn fast_masks_equal_the_trie_walk() {
     );
     compare(r#"{"type":"string","pattern":"^[a-c]*x$","maxLength":4}"#, "{}", r#""ab"#);
     compare(r#"{"type":"string","pattern":"b"}"#, "{}", r#""aa"#);
+    // States outside strings take the state table's walk.
+    compare(obj, "{}", "");
+    compare(obj, "{}", r#"{"name":"x","code":"a","n":"#);
+    compare(obj, "{}", r#"{"name":"x","code":"a","n":12"#);
+    compare(obj, r#"{"property_order":"any"}"#, r#"{"n":1"#);
+    compare(r#"{"type":"array","items":{"type":"number","maximum":100}}"#, "{}", r#"[1,2.5"#);
+    compare(r#"{"type":"array","items":{"enum":["abc","abd",null,true,12]}}"#, "{}", r#"["#);
+    compare(r#"{}"#, "{}", r#"{"a":[1,{"b":"#);
 }

@@ -30,11 +30,11 @@
 
 pub mod syntax;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use dspark_guest::{
-    CompiledConstraint, ConstraintError, ErrorCode, Plugin, Recognizer, RecognizerConstraint, TokenSet, TokenTable,
-    Warning, key,
+    CompiledConstraint, ConstraintError, ErrorCode, Plugin, Recognizer, RecognizerConstraint, StateTable, TokenSet,
+    TokenTable, TokenTrie, Warning, key,
 };
 use dspark_plugin_json_schema::recognizer::{SchemaRecognizer, State as ArgsState};
 use serde_json::Value;
@@ -133,6 +133,8 @@ pub struct ToolCallRecognizer {
     end: Vec<u8>,
     free_text: bool,
     parallel: bool,
+    /// The states mask walks met, tabulated (see [`StateTable`]).
+    walks: Mutex<StateTable<State>>,
 }
 
 impl ToolCallRecognizer {
@@ -173,15 +175,9 @@ impl ToolCallRecognizer {
     }
 
     /// Whether `state` accepts all of `bytes`.
-    fn accepts(&self, state: &State, bytes: &[u8]) -> bool {
-        let mut s = state.clone();
-        for &b in bytes {
-            match self.advance(&s, b) {
-                Some(n) => s = n,
-                None => return false,
-            }
-        }
-        true
+    /// Inserts into `set` the tokens of `trie` this recogniser accepts from `state`.
+    fn fill_trie(&self, state: &State, trie: &TokenTrie, set: &mut TokenSet) {
+        self.walks.lock().unwrap_or_else(|p| p.into_inner()).fill_trie(self, state, trie, set);
     }
 
     /// Whether the output so far admits free text (for tests and docs).
@@ -310,16 +306,18 @@ impl Recognizer for ToolCallRecognizer {
         if !parts.iter().any(dspark_plugin_json_schema::strings::is_string_state) {
             return false;
         }
-        let mut stack = Vec::new();
         for part in parts {
             let outer = State::Args { tool: *tool, inner: part };
             let State::Args { inner: part, .. } = &outer else { continue };
-            let fast =
-                dspark_plugin_json_schema::strings::fill_embedded_string_mask(args, part, table, set, &|bytes| {
-                    self.accepts(&outer, bytes)
-                });
+            let fast = dspark_plugin_json_schema::strings::fill_embedded_string_mask(
+                args,
+                part,
+                table,
+                set,
+                &|trie: &TokenTrie, set: &mut TokenSet| self.fill_trie(&outer, trie, set),
+            );
             if !fast {
-                table.trie().walk(&outer, &mut stack, |s, b| self.advance(s, b), |t| set.insert(t));
+                self.fill_trie(&outer, table.trie(), set);
             }
         }
         true
@@ -520,6 +518,7 @@ pub fn compile_recognizer(
         end: syntax.section_close.as_bytes().to_vec(),
         free_text: source.choice == ToolChoice::Auto,
         parallel: !single,
+        walks: Mutex::default(),
     };
     Ok((rec, warnings))
 }

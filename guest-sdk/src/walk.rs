@@ -1,0 +1,269 @@
+//! [`StateTable`]: a recogniser's states as a DFA built lazily while masks walk the token trie.
+//!
+//! The plain trie walk calls [`Recognizer::advance`] at every node it visits, and the nodes of
+//! one mask share few distinct (state, byte) pairs: inside a number, a key that has left every
+//! declared name, or a string, thousands of nodes step the same few states. The table interns
+//! states by their key (the contract's promise: equal keys, equal futures), gives each a row
+//! of 256 transitions filled the first time a walk takes that byte from it, and keeps them
+//! across masks, so a node costs one lookup. With [`TokenTrie::walk_looping`] it also knows
+//! which byte classes a state loops on, and takes whole subtrees of those without stepping
+//! into them.
+
+use crate::bitset::TokenSet;
+use crate::key::KeyMap;
+use crate::recognizer::Recognizer;
+use crate::table::TokenTable;
+use crate::trie::{NON_ASCII_CLASSES, TokenTrie, UTF8_WHOLE, Utf8Step, class_bytes};
+
+const UNKNOWN: u32 = u32::MAX;
+const DEAD: u32 = u32::MAX - 1;
+
+/// The most states a table keeps (each with 1 KiB of transitions); past it the table starts
+/// afresh.
+pub const MAX_TABLE_STATES: usize = 8192;
+
+/// A recogniser's states met by mask walks and their transitions. Keep one per compiled
+/// constraint (behind a lock) so that its matchers share it.
+pub struct StateTable<S> {
+    states: Vec<S>,
+    ids: KeyMap<u32>,
+    /// `states.len() * 256` transitions: a state id, [`DEAD`] or [`UNKNOWN`].
+    next: Vec<u32>,
+    /// Per state: the byte classes checked so far, and those on every byte of which the state
+    /// steps to itself.
+    loops: Vec<(u64, u64)>,
+    /// Per state, once known: whether it steps back to itself over every multi-byte UTF-8
+    /// character, alive inside each.
+    utf8: Vec<Option<bool>>,
+    /// Set when the states outgrew [`MAX_TABLE_STATES`] during a walk.
+    overflowed: bool,
+}
+
+impl<S> Default for StateTable<S> {
+    fn default() -> Self {
+        Self {
+            states: Vec::new(),
+            ids: KeyMap::default(),
+            next: Vec::new(),
+            loops: Vec::new(),
+            utf8: Vec::new(),
+            overflowed: false,
+        }
+    }
+}
+
+impl<S: Clone> StateTable<S> {
+    /// The number of states the table holds.
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    /// Whether the table holds no state.
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+
+    /// Inserts into `set` every token of `table` whose bytes `rec` accepts from `start`: the
+    /// same tokens as the plain trie walk with [`Recognizer::advance`].
+    pub fn fill<R: Recognizer<State = S>>(&mut self, rec: &R, start: &S, table: &TokenTable, set: &mut TokenSet) {
+        self.fill_trie(rec, start, table.trie(), set);
+    }
+
+    /// [`Self::fill`] over the tokens of `trie` (e.g. a trie of part of the vocabulary).
+    pub fn fill_trie<R: Recognizer<State = S>>(&mut self, rec: &R, start: &S, trie: &TokenTrie, set: &mut TokenSet) {
+        let first = self.intern(rec, start.clone());
+        if first != DEAD {
+            let mut stack = Vec::new();
+            let cell = std::cell::RefCell::new(&mut *self);
+            trie.walk_looping(
+                first,
+                &mut stack,
+                |w, b| cell.borrow_mut().step(rec, w, b),
+                |w, classes| cell.borrow_mut().loops_on(rec, w, classes),
+                |t| set.insert(t),
+            );
+        }
+        if self.overflowed {
+            // Too many states to tabulate: start afresh for later masks and walk this one
+            // plainly.
+            *self = Self::default();
+            let mut stack = Vec::new();
+            trie.walk(start, &mut stack, |s, b| rec.advance(s, b), |t| set.insert(t));
+        }
+    }
+
+    fn intern<R: Recognizer<State = S>>(&mut self, rec: &R, state: S) -> u32 {
+        let key = rec.state_key(&state);
+        if let Some(&id) = self.ids.get(&key) {
+            return id;
+        }
+        if self.states.len() == MAX_TABLE_STATES {
+            self.overflowed = true;
+            return DEAD;
+        }
+        let id = self.states.len() as u32;
+        self.states.push(state);
+        self.next.resize(self.next.len() + 256, UNKNOWN);
+        self.loops.push((0, 0));
+        self.utf8.push(None);
+        self.ids.insert(key, id);
+        id
+    }
+
+    /// The state after byte `b` from state `w`, or `None` where the byte is rejected.
+    #[inline]
+    fn step<R: Recognizer<State = S>>(&mut self, rec: &R, w: u32, b: u8) -> Option<u32> {
+        if self.overflowed {
+            return None;
+        }
+        let slot = w as usize * 256 + b as usize;
+        let mut n = self.next[slot];
+        if n == UNKNOWN {
+            n = match rec.advance(&self.states[w as usize], b) {
+                Some(s) => self.intern(rec, s),
+                None => DEAD,
+            };
+            if self.overflowed {
+                return None;
+            }
+            self.next[slot] = n;
+        }
+        (n != DEAD).then_some(n)
+    }
+
+    /// Whether state `w` steps to itself on every byte of the classes `classes` (and, where
+    /// they include bytes above 0x7f, over every whole UTF-8 character).
+    fn loops_on<R: Recognizer<State = S>>(&mut self, rec: &R, w: u32, classes: u64) -> bool {
+        if classes & NON_ASCII_CLASSES != 0 && (classes & UTF8_WHOLE == 0 || !self.loops_over_utf8(rec, w)) {
+            return false;
+        }
+        let classes = classes & !(NON_ASCII_CLASSES | UTF8_WHOLE);
+        let (known, looping) = self.loops[w as usize];
+        if classes & known & !looping != 0 {
+            return false;
+        }
+        let mut unknown = classes & !known;
+        while unknown != 0 {
+            let class = unknown.trailing_zeros();
+            unknown &= unknown - 1;
+            let loops = class_bytes(class).all(|b| self.step(rec, w, b) == Some(w));
+            if self.overflowed {
+                return false;
+            }
+            let entry = &mut self.loops[w as usize];
+            entry.0 |= 1 << class;
+            if !loops {
+                return false;
+            }
+            entry.1 |= 1 << class;
+        }
+        true
+    }
+
+    /// Whether `w` comes back to itself after every multi-byte UTF-8 character and stays
+    /// alive inside each: a search over (state, decoder state) pairs.
+    fn loops_over_utf8<R: Recognizer<State = S>>(&mut self, rec: &R, w: u32) -> bool {
+        if let Some(known) = self.utf8[w as usize] {
+            return known;
+        }
+        let mut loops = true;
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![(w, Utf8Step::BOUNDARY)];
+        'search: while let Some((q, u)) = todo.pop() {
+            let bytes = if u == Utf8Step::BOUNDARY { 0xc2..=0xf4 } else { u.lo..=u.hi };
+            for b in bytes {
+                let Some(next_u) = u.next(b) else { continue };
+                let next_q = self.step(rec, q, b);
+                let ok = match next_q {
+                    None => false,
+                    Some(n) if next_u == Utf8Step::BOUNDARY => n == w,
+                    Some(n) => {
+                        if seen.insert((n, next_u)) {
+                            todo.push((n, next_u));
+                        }
+                        true
+                    }
+                };
+                if !ok {
+                    loops = false;
+                    break 'search;
+                }
+            }
+        }
+        if self.overflowed {
+            return false;
+        }
+        self.utf8[w as usize] = Some(loops);
+        loops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key;
+
+    /// `[a-z]+` then `=` then digits: state 0 start, 1 in the name, 2 after `=`, 3 in digits.
+    /// Also accepts `"` ... `"` with any UTF-8 inside: 4 in the string, 5 closed.
+    struct Toy;
+
+    impl Recognizer for Toy {
+        type State = u8;
+        fn start(&self) -> u8 {
+            0
+        }
+        fn advance(&self, &s: &u8, b: u8) -> Option<u8> {
+            match (s, b) {
+                (0 | 1, b'a'..=b'z') => Some(1),
+                (1, b'=') => Some(2),
+                (2 | 3, b'0'..=b'9') => Some(3),
+                (0, b'"') => Some(4),
+                (4, b'"') => Some(5),
+                (4, 0x20..=0x7e) => Some(4),
+                // Inside a character: 6 + bytes still expected (a loose UTF-8 model).
+                (4, 0xc2..=0xdf) => Some(7),
+                (4, 0xe0..=0xef) => Some(8),
+                (8, 0x80..=0xbf) => Some(7),
+                (7, 0x80..=0xbf) => Some(4),
+                _ => None,
+            }
+        }
+        fn is_accepting(&self, &s: &u8) -> bool {
+            s == 3 || s == 5
+        }
+        fn state_key(&self, s: &u8) -> u64 {
+            key::of(s)
+        }
+    }
+
+    #[test]
+    fn table_walks_agree_with_the_plain_walk_and_are_reused() {
+        let mut words: Vec<String> = Vec::new();
+        for w in
+            ["ab", "abc", "abcd", "abcde", "x", "xy", "a=", "ab=1", "=12", "12", "123", "\"", "\"ab", "\"é", "\"éé"]
+        {
+            words.push(w.to_string());
+            words.push(format!("{w}é"));
+            words.push(format!("{w}\""));
+        }
+        // Letters and non-ASCII only below `qq`: the name state loops over the letters, not
+        // over `é`; the string state loops over both.
+        for w in ["qq", "qqa", "qqé", "qqéé", "qqab", "qqabé", "\"qq", "\"qqé", "\"qqéé", "\"qqab"] {
+            words.push(w.to_string());
+        }
+        let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+        let table = TokenTable::byte_level_for_tests(&refs);
+        let mut tab = StateTable::default();
+        for start in [0u8, 1, 2, 3, 4, 7, 8] {
+            let mut fast = TokenSet::new(table.vocab_size());
+            tab.fill(&Toy, &start, &table, &mut fast);
+            let mut plain = TokenSet::new(table.vocab_size());
+            table.trie().walk(&start, &mut Vec::new(), |s, b| Toy.advance(s, b), |t| plain.insert(t));
+            assert_eq!(fast.words(), plain.words(), "from state {start}");
+        }
+        let states = tab.len();
+        let mut again = TokenSet::new(table.vocab_size());
+        tab.fill(&Toy, &4, &table, &mut again);
+        assert_eq!(tab.len(), states, "a second walk from a known state adds no state");
+    }
+}
