@@ -15,6 +15,32 @@ use crate::recognizer::Recognizer;
 use crate::table::TokenTable;
 use crate::trie::{NON_ASCII_CLASSES, TokenTrie, UTF8_WHOLE, Utf8Step, class_bytes};
 
+/// What a [`StateTable`] needs of a state machine over bytes: its steps and its state keys
+/// (equal keys, equal futures). Every [`Recognizer`] has it; a plugin can also implement it
+/// for a short-lived machine of its own (e.g. one that borrows its automata).
+pub trait Steps {
+    /// A state.
+    type State: Clone;
+
+    /// The state after `byte`, or `None` where the byte is rejected.
+    fn step(&self, state: &Self::State, byte: u8) -> Option<Self::State>;
+
+    /// The state's key.
+    fn key(&self, state: &Self::State) -> u64;
+}
+
+impl<R: Recognizer> Steps for R {
+    type State = R::State;
+
+    fn step(&self, state: &R::State, byte: u8) -> Option<R::State> {
+        self.advance(state, byte)
+    }
+
+    fn key(&self, state: &R::State) -> u64 {
+        self.state_key(state)
+    }
+}
+
 const UNKNOWN: u32 = u32::MAX;
 const DEAD: u32 = u32::MAX - 1;
 
@@ -65,12 +91,12 @@ impl<S: Clone> StateTable<S> {
 
     /// Inserts into `set` every token of `table` whose bytes `rec` accepts from `start`: the
     /// same tokens as the plain trie walk with [`Recognizer::advance`].
-    pub fn fill<R: Recognizer<State = S>>(&mut self, rec: &R, start: &S, table: &TokenTable, set: &mut TokenSet) {
+    pub fn fill<R: Steps<State = S>>(&mut self, rec: &R, start: &S, table: &TokenTable, set: &mut TokenSet) {
         self.fill_trie(rec, start, table.trie(), set);
     }
 
     /// [`Self::fill`] over the tokens of `trie` (e.g. a trie of part of the vocabulary).
-    pub fn fill_trie<R: Recognizer<State = S>>(&mut self, rec: &R, start: &S, trie: &TokenTrie, set: &mut TokenSet) {
+    pub fn fill_trie<R: Steps<State = S>>(&mut self, rec: &R, start: &S, trie: &TokenTrie, set: &mut TokenSet) {
         let first = self.intern(rec, start.clone());
         if first != DEAD {
             let mut stack = Vec::new();
@@ -88,12 +114,12 @@ impl<S: Clone> StateTable<S> {
             // plainly.
             *self = Self::default();
             let mut stack = Vec::new();
-            trie.walk(start, &mut stack, |s, b| rec.advance(s, b), |t| set.insert(t));
+            trie.walk(start, &mut stack, |s, b| rec.step(s, b), |t| set.insert(t));
         }
     }
 
-    fn intern<R: Recognizer<State = S>>(&mut self, rec: &R, state: S) -> u32 {
-        let key = rec.state_key(&state);
+    fn intern<R: Steps<State = S>>(&mut self, rec: &R, state: S) -> u32 {
+        let key = rec.key(&state);
         if let Some(&id) = self.ids.get(&key) {
             return id;
         }
@@ -112,14 +138,14 @@ impl<S: Clone> StateTable<S> {
 
     /// The state after byte `b` from state `w`, or `None` where the byte is rejected.
     #[inline]
-    fn step<R: Recognizer<State = S>>(&mut self, rec: &R, w: u32, b: u8) -> Option<u32> {
+    fn step<R: Steps<State = S>>(&mut self, rec: &R, w: u32, b: u8) -> Option<u32> {
         if self.overflowed {
             return None;
         }
         let slot = w as usize * 256 + b as usize;
         let mut n = self.next[slot];
         if n == UNKNOWN {
-            n = match rec.advance(&self.states[w as usize], b) {
+            n = match rec.step(&self.states[w as usize], b) {
                 Some(s) => self.intern(rec, s),
                 None => DEAD,
             };
@@ -133,7 +159,7 @@ impl<S: Clone> StateTable<S> {
 
     /// Whether state `w` steps to itself on every byte of the classes `classes` (and, where
     /// they include bytes above 0x7f, over every whole UTF-8 character).
-    fn loops_on<R: Recognizer<State = S>>(&mut self, rec: &R, w: u32, classes: u64) -> bool {
+    fn loops_on<R: Steps<State = S>>(&mut self, rec: &R, w: u32, classes: u64) -> bool {
         if classes & NON_ASCII_CLASSES != 0 && (classes & UTF8_WHOLE == 0 || !self.loops_over_utf8(rec, w)) {
             return false;
         }
@@ -162,7 +188,7 @@ impl<S: Clone> StateTable<S> {
 
     /// Whether `w` comes back to itself after every multi-byte UTF-8 character and stays
     /// alive inside each: a search over (state, decoder state) pairs.
-    fn loops_over_utf8<R: Recognizer<State = S>>(&mut self, rec: &R, w: u32) -> bool {
+    fn loops_over_utf8<R: Steps<State = S>>(&mut self, rec: &R, w: u32) -> bool {
         if let Some(known) = self.utf8[w as usize] {
             return known;
         }

@@ -289,6 +289,11 @@ impl Graph {
         self.distance(p, st).is_some()
     }
 
+    /// The largest [`Self::distance`] of any live state of automaton `p`.
+    pub fn max_distance(&self, p: u32) -> u32 {
+        self.live[p as usize].dist.iter().copied().filter(|&d| d != u32::MAX).max().unwrap_or(0)
+    }
+
     /// The fewest bytes from state `st` of automaton `p` to a match, if one is reachable.
     #[inline]
     pub fn distance(&self, p: u32, st: u32) -> Option<u32> {

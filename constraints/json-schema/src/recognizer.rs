@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use regex_automata::dfa::Automaton;
 use regex_automata::util::primitives::StateID;
 
-use dspark_guest::{Recognizer, StateTable, TokenSet, TokenTable, TokenTrie, key};
+use dspark_guest::{Recognizer, StateTable, Steps, TokenSet, TokenTable, TokenTrie, key};
 
 use crate::graph::{ANY, Graph, Node, NodeId, PropertyOrder};
 use crate::stack::Stack;
@@ -59,11 +59,58 @@ pub struct Chars {
 }
 
 /// The state of a content-class walk: string escapes/UTF-8, automaton states, characters.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Hash)]
 struct ClassWalk {
     chars: Chars,
     dfa: [u32; 4],
     count: u32,
+}
+
+/// The content-class walk as a byte machine for a [`StateTable`]: escape-free string content
+/// that keeps the automata of `key` alive (all of them, or for a key any) in the room left.
+struct ClassSteps<'a> {
+    graph: &'a Graph,
+    key: ClassKey,
+    /// Whether the character count can decide anything in this walk (see `content_class`).
+    counted: bool,
+}
+
+impl Steps for ClassSteps<'_> {
+    type State = ClassWalk;
+
+    fn step(&self, w: &ClassWalk, b: u8) -> Option<ClassWalk> {
+        let (g, key) = (self.graph, &self.key);
+        let n = key.n as usize;
+        if (w.chars.is_plain() && b == b'"') || b == b'\\' {
+            return None;
+        }
+        // Where the count decides nothing it is kept at 0, so that states repeat.
+        let count = if self.counted { w.count + w.chars.is_plain() as u32 } else { 0 };
+        if count > key.left {
+            return None;
+        }
+        let chars = advance_chars(w.chars, b)?;
+        let mut next = ClassWalk { chars, dfa: w.dfa, count };
+        let mut any_live = n == 0;
+        for k in 0..n {
+            let p = key.patterns[k].0;
+            let st = g.dfas[p as usize].next_state(StateID::new(w.dfa[k] as usize).unwrap_or(StateID::ZERO), b);
+            next.dfa[k] = st.as_u32();
+            let ok = match g.distance(p, st.as_u32()) {
+                None => false,
+                Some(d) => key.left == u32::MAX || count.saturating_add(d) <= key.left,
+            };
+            if !key.any && !ok {
+                return None;
+            }
+            any_live |= ok;
+        }
+        (!key.any || any_live).then_some(next)
+    }
+
+    fn key(&self, w: &ClassWalk) -> u64 {
+        key::of(w)
+    }
 }
 
 /// One level of the parse stack.
@@ -291,45 +338,28 @@ impl SchemaRecognizer {
         if let Some(c) = self.pattern_classes.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return c.clone();
         }
-        let g = &self.graph;
-        let n = key.n as usize;
         let mut out = TokenSet::new(table.vocab_size());
-        let start = ClassWalk { chars: Chars::default(), dfa: [0; 4], count: 0 };
-        let mut start = start;
-        for k in 0..n {
+        let mut start = ClassWalk { chars: Chars::default(), dfa: [0; 4], count: 0 };
+        for k in 0..key.n as usize {
             start.dfa[k] = key.patterns[k].1;
         }
-        table.trie().walk(
-            &start,
-            &mut Vec::new(),
-            |w, b| {
-                if (w.chars.is_plain() && b == b'"') || b == b'\\' {
-                    return None;
-                }
-                let count = w.count + w.chars.is_plain() as u32;
-                if count > key.left {
-                    return None;
-                }
-                let chars = advance_chars(w.chars, b)?;
-                let mut next = ClassWalk { chars, dfa: w.dfa, count };
-                let mut any_live = n == 0;
-                for k in 0..n {
-                    let p = key.patterns[k].0;
-                    let st = g.dfas[p as usize].next_state(StateID::new(w.dfa[k] as usize).unwrap_or(StateID::ZERO), b);
-                    next.dfa[k] = st.as_u32();
-                    let ok = match g.distance(p, st.as_u32()) {
-                        None => false,
-                        Some(d) => key.left == u32::MAX || count.saturating_add(d) <= key.left,
-                    };
-                    if !key.any && !ok {
-                        return None;
-                    }
-                    any_live |= ok;
-                }
-                (key.any && !any_live).then_some(()).map_or(Some(next), |_| None)
-            },
-            |t| out.insert(t),
-        );
+        // The count matters only where the room left could run out inside one token: with
+        // more room than the longest token plus the longest way to a match, it cannot.
+        let slack = (0..key.n as usize)
+            .map(|k| self.graph.max_distance(key.patterns[k].0))
+            .max()
+            .unwrap_or(0)
+            .saturating_add(table.trie().max_token_len() as u32);
+        let counted = key.left != u32::MAX && key.left < slack;
+        let steps = ClassSteps { graph: &self.graph, key, counted };
+        if !counted {
+            // States repeat (inside a URI's path, a date's digits): tabulate them, and take
+            // whole the subtrees they loop over.
+            StateTable::default().fill_trie(&steps, &start, table.trie(), &mut out);
+        } else {
+            // A character count in every state: nothing repeats, the plain walk is cheaper.
+            table.trie().walk(&start, &mut Vec::new(), |w, b| steps.step(w, b), |t| out.insert(t));
+        }
         let out = Arc::new(out);
         let mut cache = self.pattern_classes.lock().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= 4096 {
