@@ -36,6 +36,70 @@ pub struct StringSets {
     closing_trie: TokenTrie,
     closing_noesc_trie: TokenTrie,
     content_esc_trie: TokenTrie,
+    /// The closing tokens by their tail (the closing quote and what follows it).
+    tails: TailIndex,
+}
+
+/// Closing tokens grouped by tail: where the content before the quote cannot change what
+/// happens (a string with no pattern and its minimum length reached, a key that cannot match
+/// a pattern), a closing token is allowed exactly when its tail is, and walking the distinct
+/// tails (about as many as the tokens, but sharing their first bytes, and every walk starts
+/// at the quote) skips the content prefixes entirely.
+struct TailIndex {
+    /// A trie whose "token ids" are tail indices.
+    trie: TokenTrie,
+    /// The closing tokens of tail `i`: `tokens[start[i]..start[i + 1]]`.
+    start: Vec<u32>,
+    tokens: Vec<u32>,
+    /// Per closing token (by position in `tokens`), the length of the content before its quote.
+    prefix_len: Vec<u16>,
+}
+
+impl TailIndex {
+    fn build(table: &TokenTable, closing: &[u32]) -> Self {
+        let quote_at = |t: u32| {
+            // The first unescaped quote: the same scan as the classification.
+            let mut c = Chars::default();
+            for (i, &b) in table.token_bytes(t).iter().enumerate() {
+                if c.is_plain() && b == b'"' {
+                    return i;
+                }
+                c = crate::recognizer::advance_chars(c, b).unwrap_or_default();
+            }
+            0
+        };
+        let mut by_tail: std::collections::BTreeMap<&[u8], Vec<(u32, u16)>> = std::collections::BTreeMap::new();
+        for &t in closing {
+            let q = quote_at(t);
+            by_tail.entry(&table.token_bytes(t)[q..]).or_default().push((t, q as u16));
+        }
+        let tails: Vec<&[u8]> = by_tail.keys().copied().collect();
+        let trie = TokenTrie::build(tails.len(), |i| tails[i]);
+        let (mut start, mut tokens, mut prefix_len) = (vec![0u32], Vec::new(), Vec::new());
+        for group in by_tail.values() {
+            for &(t, q) in group {
+                tokens.push(t);
+                prefix_len.push(q);
+            }
+            start.push(tokens.len() as u32);
+        }
+        Self { trie, start, tokens, prefix_len }
+    }
+
+    /// Inserts the closing tokens whose tails `walk` accepts and whose content prefix `keep`
+    /// agrees to (given the token's bytes and the prefix length).
+    fn fill(&self, set: &mut TokenSet, walk: SubTrieWalk<'_>, keep: impl Fn(u32, usize) -> bool) {
+        let mut ok = TokenSet::new(self.start.len() - 1);
+        walk(&self.trie, &mut ok);
+        for tail in ok.iter() {
+            let (a, b) = (self.start[tail as usize] as usize, self.start[tail as usize + 1] as usize);
+            for i in a..b {
+                if keep(self.tokens[i], self.prefix_len[i] as usize) {
+                    set.insert(self.tokens[i]);
+                }
+            }
+        }
+    }
 }
 
 /// A trie over the tokens `ids` of `table` only.
@@ -62,6 +126,12 @@ impl StringSets {
             closing_trie: TokenTrie::build(0, |_| &[]),
             closing_noesc_trie: TokenTrie::build(0, |_| &[]),
             content_esc_trie: TokenTrie::build(0, |_| &[]),
+            tails: TailIndex {
+                trie: TokenTrie::build(0, |_| &[]),
+                start: vec![0],
+                tokens: Vec::new(),
+                prefix_len: Vec::new(),
+            },
         };
         for id in 0..n as u32 {
             if table.is_special(id) {
@@ -119,6 +189,7 @@ impl StringSets {
         s.closing_trie = sub_trie(table, &s.closing);
         s.closing_noesc_trie = sub_trie(table, &s.closing_noesc);
         s.content_esc_trie = sub_trie(table, &s.content_esc);
+        s.tails = TailIndex::build(table, &s.closing);
         s
     }
 }
@@ -215,7 +286,11 @@ fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut
             let Node::String(s) = g.node(*node) else { return };
             if s.patterns.is_empty() && s.max_len == u32::MAX {
                 or_into(set, &sets.content);
-                walk(&sets.closing_trie, set);
+                if *len >= s.min_len {
+                    sets.tails.fill(set, walk, |_, _| true);
+                } else {
+                    walk(&sets.closing_trie, set);
+                }
                 return;
             }
             // Escape-free content that keeps every pattern alive (and completable in the room
@@ -243,12 +318,29 @@ fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut
             walk(&sets.content_esc_trie, set);
             walk(&sets.closing_trie, set);
         }
-        Some(Frame::FreeKey { obj, dfa, .. }) => {
+        Some(Frame::FreeKey { obj, dfa, trie, .. }) => {
             let Node::Object(o) = g.node(*obj) else { return };
             if o.patterns.is_empty() {
                 // Any key text is fine while it lasts (escapes included).
                 or_into(set, &sets.content);
-                walk(&sets.closing_trie, set);
+                if o.additional == crate::graph::NEVER {
+                    walk(&sets.closing_trie, set);
+                    return;
+                }
+                // What follows the key does not depend on its text, except that a key that
+                // completes a declared name is not an additional property (that name's own
+                // configuration takes it).
+                let declared = |t: u32, prefix: usize| {
+                    let Some(mut node) = *trie else { return false };
+                    for &b in &table.token_bytes(t)[..prefix] {
+                        match o.keys.child(node, b) {
+                            Some(n) => node = n,
+                            None => return false,
+                        }
+                    }
+                    o.keys.child(node, b'"').is_some_and(|e| o.keys.terminal[e as usize].is_some())
+                };
+                sets.tails.fill(set, walk, |t, prefix| !declared(t, prefix));
                 return;
             } else if o.additional != crate::graph::NEVER {
                 // The patterns decide the value's schema only when the key closes.

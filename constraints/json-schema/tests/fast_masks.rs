@@ -80,6 +80,10 @@ fn fast_masks_equal_the_trie_walk() {
     compare(obj, "{}", r#"{"name":"x","code":"abc"#);
     compare(obj, r#"{"property_order":"any"}"#, r#"{""#);
     compare(obj, r#"{"property_order":"any"}"#, r#"{"n":1,"zz"#);
+    // A declared name already written: neither its own configuration nor the free key may
+    // take `name"` again.
+    compare(obj, r#"{"property_order":"any"}"#, r#"{"name":"x",""#);
+    compare(obj, r#"{"property_order":"any"}"#, r#"{"name":"x","na"#);
     compare(r#"{"type":"array","items":{"type":"string","minLength":2}}"#, "{}", r#"["a"#);
     compare(r#"{"type":"object","additionalProperties":{"type":"string"}}"#, "{}", r#"{"k":"v",""#);
     let pp = r#"{"type":"object","patternProperties":{"^a[0-9]+$":{"type":"integer"},"^name":{"type":"string"}},"additionalProperties":false}"#;
