@@ -173,6 +173,18 @@ impl State {
         self.configs().map(|c| State { first: c.clone(), more: Vec::new() }).collect()
     }
 
+    /// For a single configuration inside a free (undeclared) key: the same state with the
+    /// key's text no longer following any declared name, so that a closing quote is judged
+    /// as the end of an additional property whatever the text was.
+    pub(crate) fn off_declared_names(&self) -> Option<State> {
+        let mut first = self.single()?.clone();
+        match first.pop()? {
+            Frame::FreeKey { obj, chars, dfa, .. } => first.push(Frame::FreeKey { obj, trie: None, chars, dfa }),
+            _ => return None,
+        }
+        Some(State { first, more: Vec::new() })
+    }
+
     /// The single configuration, if there is exactly one.
     pub(crate) fn single(&self) -> Option<&Config> {
         self.more.is_empty().then_some(&self.first)

@@ -340,7 +340,17 @@ fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut
                     }
                     o.keys.child(node, b'"').is_some_and(|e| o.keys.terminal[e as usize].is_some())
                 };
-                sets.tails.fill(set, walk, |t, prefix| !declared(t, prefix));
+                // The tails are judged from the key with its text off the declared names (the
+                // quote's verdict at the current text is `declared` with no prefix), and
+                // each token's own text decides whether it completes a declared name.
+                match state.off_declared_names() {
+                    Some(free) if trie.is_some() => sets.tails.fill(
+                        set,
+                        &|trie: &TokenTrie, ok: &mut TokenSet| rec.fill_trie_by_table(&free, trie, ok),
+                        |t, prefix| !declared(t, prefix),
+                    ),
+                    _ => sets.tails.fill(set, walk, |t, prefix| !declared(t, prefix)),
+                }
                 return;
             } else if o.additional != crate::graph::NEVER {
                 // The patterns decide the value's schema only when the key closes.

@@ -29,6 +29,8 @@ fn table() -> TokenTable {
         "name\"",
         "zzzzzzzzzzzzzzzzzzzz",
         "ab\\",
+        " \":",
+        " \"",
     ] {
         tokens.push(t.as_bytes().to_vec());
     }
@@ -84,6 +86,13 @@ fn fast_masks_equal_the_trie_walk() {
     // take `name"` again.
     compare(obj, r#"{"property_order":"any"}"#, r#"{"name":"x",""#);
     compare(obj, r#"{"property_order":"any"}"#, r#"{"name":"x","na"#);
+    // A declared name that a closing token's content completes (`start` + ` ":`).
+    let spaced = r#"{"type":"object","properties":{"start ":{"type":"boolean"},"a":{}}}"#;
+    compare(spaced, r#"{"property_order":"any"}"#, r#"{"start"#);
+    compare(spaced, r#"{"property_order":"any"}"#, r#"{"a":1,"start"#);
+    // And the converse: the text so far is a declared name, the token's content leaves it.
+    let plain = r#"{"type":"object","properties":{"start":{"type":"boolean"}}}"#;
+    compare(plain, r#"{"property_order":"any"}"#, r#"{"start"#);
     compare(r#"{"type":"array","items":{"type":"string","minLength":2}}"#, "{}", r#"["a"#);
     compare(r#"{"type":"object","additionalProperties":{"type":"string"}}"#, "{}", r#"{"k":"v",""#);
     let pp = r#"{"type":"object","patternProperties":{"^a[0-9]+$":{"type":"integer"},"^name":{"type":"string"}},"additionalProperties":false}"#;

@@ -106,13 +106,17 @@ fn cause(e: &PluginError) -> String {
     }
 }
 
+/// Where a walk stopped: the index of the token a mask or commit refused, or `tokens.len()`
+/// when every token went through but the end was not accepting.
+struct Refused(usize);
+
 /// Walks `tokens`; returns whether they were accepted whole. Times masks when `stats` is given.
 fn walk(
     inst: &mut PluginInstance,
     m: &MatcherHandle,
     tokens: &[u32],
     mut stats: Option<&mut Stats>,
-) -> Result<bool, PluginError> {
+) -> Result<Result<(), Refused>, PluginError> {
     // The span that is certain before anything is written.
     let start = inst.commit(m, &[])?;
     let mut i = 0;
@@ -141,11 +145,11 @@ fn walk(
             }
         }
         if !mask.allows(tokens[i]) {
-            return Ok(false);
+            return Ok(Err(Refused(i)));
         }
         let out = match inst.commit(m, &tokens[i..i + 1]) {
             Ok(o) => o,
-            Err(PluginError::Constraint { .. }) => return Ok(false),
+            Err(PluginError::Constraint { .. }) => return Ok(Err(Refused(i))),
             Err(e) => return Err(e),
         };
         i += 1;
@@ -160,7 +164,7 @@ fn walk(
             }
         }
     }
-    inst.is_accepting(m)
+    Ok(if inst.is_accepting(m)? { Ok(()) } else { Err(Refused(tokens.len())) })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -285,20 +289,30 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             } else {
                 walk(&mut inst, &m, &tokens, None)
             };
-            let accepted = match accepted {
-                Ok(a) => a,
+            let refused = match accepted {
+                Ok(Ok(())) => None,
+                Ok(Err(at)) => Some(at.0),
                 Err(e) => {
                     *s.walk_errors.entry(cause(&e)).or_default() += 1;
-                    false
+                    Some(tokens.len())
                 }
             };
-            match (valid, accepted) {
+            match (valid, refused.is_none()) {
                 (true, true) => s.valid_accepted += 1,
                 (true, false) => {
                     s.valid_rejected += 1;
                     if s.rejected.len() < 8 {
-                        let short: String = text.chars().take(160).collect();
-                        s.rejected.push(format!("{} {short}", s.current));
+                        // Where: the text before the refused token, and the token.
+                        let at = refused.unwrap_or(tokens.len());
+                        let before: Vec<u8> =
+                            tokens[..at].iter().flat_map(|&t| tok.table().token_bytes(t).to_vec()).collect();
+                        let before = String::from_utf8_lossy(&before);
+                        let tail: String =
+                            before.chars().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+                        let token = tokens.get(at).map_or("<end>".into(), |&t| {
+                            format!("{:?}", String::from_utf8_lossy(tok.table().token_bytes(t)))
+                        });
+                        s.rejected.push(format!("{} at token {at} {token} after …{tail}", s.current));
                     }
                 }
                 (false, false) => s.invalid_rejected += 1,
