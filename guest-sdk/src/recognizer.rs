@@ -243,11 +243,35 @@ impl<R: Recognizer> RecognizerMatcher<R> {
         }
         let mut tokens = self.table.tokenize(&bytes);
         // The last token could merge with free bytes that follow (e.g. `"` + `,` -> `",`):
-        // hold it back unless nothing can follow.
-        if self.rec.can_extend(&s) || bytes.len() >= MAX_FORCED_BYTES {
+        // hold it back where something can follow and it might.
+        if bytes.len() >= MAX_FORCED_BYTES
+            || (self.rec.can_extend(&s) && tokens.last().is_some_and(|&t| self.may_merge(t, &s)))
+        {
             tokens.pop();
         }
         tokens
+    }
+
+    /// Whether token `last`, ending at state `after`, could merge with bytes that follow into
+    /// another token: some token extends the last token's bytes, or one of their suffixes, by
+    /// a byte the recogniser allows next. Where none does, the tokenizer has nothing to merge
+    /// it with, so the last token is as canonical as the others and is forced too (the
+    /// heuristic llguidance also uses, extended to suffixes for merges that start inside it).
+    fn may_merge(&self, last: u32, after: &R::State) -> bool {
+        let bytes = self.table.token_bytes(last);
+        let trie = self.table.trie();
+        let mut allowed: [Option<bool>; 256] = [None; 256];
+        let mut merges = false;
+        for start in 0..bytes.len() {
+            trie.continuations(&bytes[start..], |b| {
+                let ok = allowed[b as usize].get_or_insert_with(|| self.rec.advance(after, b).is_some());
+                merges |= *ok;
+            });
+            if merges {
+                return true;
+            }
+        }
+        false
     }
 }
 

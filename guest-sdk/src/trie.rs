@@ -272,6 +272,29 @@ impl TokenTrie {
         }
     }
 
+    /// Calls `f` with each byte that continues `prefix` into a longer token (the edges below
+    /// `prefix`'s node); nothing when no token starts with `prefix`.
+    pub fn continuations(&self, prefix: &[u8], mut f: impl FnMut(u8)) {
+        let mut node = 0usize;
+        for &b in prefix {
+            let end = self.nodes[node].subtree_end as usize;
+            let mut child = node + 1;
+            while child < end && self.nodes[child].byte != b {
+                child = self.nodes[child].subtree_end as usize;
+            }
+            if child >= end {
+                return;
+            }
+            node = child;
+        }
+        let end = self.nodes[node].subtree_end as usize;
+        let mut child = node + 1;
+        while child < end {
+            f(self.nodes[child].byte);
+            child = self.nodes[child].subtree_end as usize;
+        }
+    }
+
     /// The longest token that is a prefix of `text`: its id and length.
     pub fn longest_prefix(&self, text: &[u8]) -> Option<(u32, usize)> {
         let mut best = None;
@@ -383,6 +406,22 @@ mod tests {
         }
         assert_eq!(byte_class(b'q'), byte_class(b'a'));
         assert_ne!(byte_class(b'_'), byte_class(b'-'));
+    }
+
+    #[test]
+    fn continuations_are_the_bytes_that_extend_a_prefix() {
+        let t = trie(&["a", "ab", "abc", "abd", "b", "xy"]);
+        let mut got = Vec::new();
+        t.continuations(b"ab", |b| got.push(b));
+        assert_eq!(got, b"cd");
+        got.clear();
+        t.continuations(b"", |b| got.push(b));
+        assert_eq!(got, b"abx");
+        got.clear();
+        t.continuations(b"abc", |b| got.push(b));
+        t.continuations(b"q", |b| got.push(b));
+        t.continuations(b"x", |b| got.push(b));
+        assert_eq!(got, b"y");
     }
 
     #[test]

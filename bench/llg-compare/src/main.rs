@@ -114,6 +114,9 @@ fn walk(m: &mut Matcher, tokens: &[TokenId], mut stats: Option<&mut Stats>) -> b
     let take_forced = |m: &mut Matcher, i: &mut usize, stats: &mut Option<&mut Stats>| {
         let ff = m.compute_ff_tokens();
         if !ff.is_empty() && tokens[*i..].starts_with(&ff) && m.consume_tokens(&ff).is_ok() {
+            if std::env::var_os("LLG_DEBUG").is_some() {
+                eprintln!("forced {:?} at {}", ff, *i);
+            }
             *i += ff.len();
             if let Some(s) = stats.as_deref_mut() {
                 s.forced += ff.len();
