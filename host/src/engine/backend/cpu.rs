@@ -291,6 +291,36 @@ impl Backend for CpuBackend {
         Ok(CpuTensor { rows: x.rows, cols: out, data })
     }
 
+    fn linear_many(
+        &self,
+        x: &CpuTensor,
+        weights: &[(&CpuMatrix, Option<&Vec<f32>>)],
+    ) -> anyhow::Result<Vec<CpuTensor>> {
+        // The packed kernels run all the products in one parallel pass over one quantisation
+        // of `x`; each output column is the same sum as alone, so results are unchanged.
+        let packed: Option<Vec<&Packed>> = weights.iter().map(|(w, _)| w.packed.as_ref()).collect();
+        if let Some(packed) = packed
+            && let Some(products) = Packed::matmul_many(&packed, &x.data, x.rows)
+        {
+            let mut out = Vec::with_capacity(weights.len());
+            for ((_, bias), data) in weights.iter().zip(products) {
+                let cols = data.len() / x.rows.max(1);
+                let mut t = CpuTensor { rows: x.rows, cols, data };
+                if let Some(bias) = bias {
+                    if bias.len() != cols {
+                        bail!("linear: bias has {} values for {cols} outputs", bias.len());
+                    }
+                    for row in t.data.chunks_exact_mut(cols) {
+                        row.iter_mut().zip(bias.iter()).for_each(|(v, b)| *v += b);
+                    }
+                }
+                out.push(t);
+            }
+            return Ok(out);
+        }
+        weights.iter().map(|(w, bias)| self.linear(x, w, *bias)).collect()
+    }
+
     fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> anyhow::Result<()> {
         if (x.rows, x.cols) != (y.rows, y.cols) {
             bail!("add: shapes {}x{} and {}x{} differ", x.rows, x.cols, y.rows, y.cols);

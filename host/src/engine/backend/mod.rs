@@ -218,6 +218,16 @@ pub trait Backend: Send + Sync + 'static {
         weight: &Self::Matrix,
         bias: Option<&Self::Vector>,
     ) -> anyhow::Result<Self::Tensor>;
+    /// `x @ w^T (+ bias)` for several weights that share the input `x` (a layer's query, key
+    /// and value projections; its gate and up projections): a backend can run them as one
+    /// product, reading and preparing `x` once. The default runs [`Self::linear`] for each.
+    fn linear_many(
+        &self,
+        x: &Self::Tensor,
+        weights: &[(&Self::Matrix, Option<&Self::Vector>)],
+    ) -> anyhow::Result<Vec<Self::Tensor>> {
+        weights.iter().map(|(w, bias)| self.linear(x, w, *bias)).collect()
+    }
     /// `x += y`.
     fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> anyhow::Result<()>;
     /// `silu(gate) * up`.

@@ -82,6 +82,44 @@ impl Packed {
     }
 }
 
+impl Packed {
+    /// `x` times each matrix, as [`Packed::matmul`] gives them, in one parallel pass: the
+    /// activations are quantised once and the column groups of all the matrices share the
+    /// threads. `None` unless every matrix is Q4_1 with `x`'s inner dimension (or the CPU
+    /// lacks the instructions).
+    pub fn matmul_many(mats: &[&Packed], x: &[f32], rows: usize) -> Option<Vec<Vec<f32>>> {
+        let q4: Vec<&PackedQ4_1> = mats
+            .iter()
+            .map(|m| match m {
+                Packed::Q4_1(p) => Some(p),
+                _ => None,
+            })
+            .collect::<Option<_>>()?;
+        let k = q4.first()?.k;
+        if !supported() || q4.iter().any(|p| p.k != k) || x.len() != rows * k {
+            return None;
+        }
+        let y = Q8_1Rows::quantize(x, rows, k);
+        let mut outs: Vec<Vec<f32>> = q4.iter().map(|p| vec![0f32; rows * p.n]).collect();
+        // Group `g` of the whole pass is group `g - first[i]` of matrix `i`.
+        let mut first = Vec::with_capacity(q4.len());
+        let mut groups = 0;
+        for p in &q4 {
+            first.push(groups);
+            groups += p.n / LANES;
+        }
+        let addrs: Vec<usize> = outs.iter_mut().map(|o| o.as_mut_ptr() as usize).collect();
+        let work = rows * k * q4.iter().map(|p| p.n).sum::<usize>();
+        for_each_tile(rows, groups, ROW_TILE, work, |r0, r1, g| {
+            let i = first.partition_point(|&f| f <= g) - 1;
+            // SAFETY: `supported()` was checked; each (row, group) output block of matrix `i`
+            // is written by exactly one call, and the outputs outlive them all.
+            unsafe { q4[i].tile(&y, r0, r1, g - first[i], addrs[i] as *mut f32) }
+        });
+        Some(outs)
+    }
+}
+
 /// Runs `tile(r0, r1, g)` over every (row tile, column group), spread over rayon's threads by
 /// column groups; each call writes only its own outputs.
 fn for_each_tile(rows: usize, groups: usize, row_tile: usize, work: usize, tile: impl Fn(usize, usize, usize) + Sync) {
@@ -532,25 +570,76 @@ impl Q8_1Rows {
     /// `d = amax / 127`, `q = round(x / d)`, `s = f16(sum q) * f16(d)` rounded to f16.
     fn quantize(x: &[f32], rows: usize, k: usize) -> Self {
         let blocks = k / BLOCK;
-        let mut qs = vec![0i8; rows * k];
-        let mut d = vec![0f32; rows * blocks];
-        let mut s = vec![0f32; rows * blocks];
+        let mut out = Self { blocks, words: vec![0i32; rows * k / 4], d: vec![0f32; rows * blocks], s: vec![0f32; rows * blocks] };
         for (i, block) in x.chunks_exact(BLOCK).enumerate().take(rows * blocks) {
-            let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inverse = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-            let dh = f16::from_f32(scale);
-            let mut sum = 0i32;
-            for (q, &v) in qs[i * BLOCK..][..BLOCK].iter_mut().zip(block) {
-                *q = f32::round(v * inverse) as i8;
-                sum += *q as i32;
-            }
-            d[i] = dh.to_f32();
-            s[i] = (f16::from_f32(sum as f32) * dh).to_f32();
+            let (amax, sum) = quantize_block(block, &mut out.words[i * 8..][..8]);
+            let dh = f16::from_f32(amax / 127.0);
+            out.d[i] = dh.to_f32();
+            out.s[i] = (f16::from_f32(sum as f32) * dh).to_f32();
         }
-        let words =
-            qs.chunks_exact(4).map(|w| i32::from_le_bytes([w[0] as u8, w[1] as u8, w[2] as u8, w[3] as u8])).collect();
-        Self { blocks, words, d, s }
+        out
+    }
+}
+
+/// Quantises one block of 32 values to `round(v / (amax / 127))` (half away from zero, as
+/// `f32::round`), written as bytes into `words`; returns the block's amax and the sum of the
+/// quantised values.
+fn quantize_block(block: &[f32], words: &mut [i32]) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if supported() {
+        // SAFETY: `supported()` checked the instructions; the slices have 32 values / 8 words.
+        return unsafe { quantize_block_avx512(block, words) };
+    }
+    quantize_block_scalar(block, words)
+}
+
+fn quantize_block_scalar(block: &[f32], words: &mut [i32]) -> (f32, i32) {
+    let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let scale = amax / 127.0;
+    let inverse = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    let mut sum = 0i32;
+    let mut bytes = [0u8; BLOCK];
+    for (q, &v) in bytes.iter_mut().zip(block) {
+        let r = f32::round(v * inverse) as i8;
+        sum += r as i32;
+        *q = r as u8;
+    }
+    for (w, b) in words.iter_mut().zip(bytes.chunks_exact(4)) {
+        *w = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    (amax, sum)
+}
+
+/// [`quantize_block_scalar`] with AVX-512, bit for bit: `v * inverse` is the same product,
+/// and rounding half away from zero is truncation plus one step away from zero where the
+/// (exact) remainder is at least one half.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn quantize_block_avx512(block: &[f32], words: &mut [i32]) -> (f32, i32) {
+    use std::arch::x86_64::*;
+    debug_assert!(block.len() == BLOCK && words.len() == 8);
+    // SAFETY: 32 values to read, 8 words (32 bytes) to write.
+    unsafe {
+        let a = _mm512_loadu_ps(block.as_ptr());
+        let b = _mm512_loadu_ps(block.as_ptr().add(16));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        let scale = amax / 127.0;
+        let inverse = _mm512_set1_ps(if scale != 0.0 { 1.0 / scale } else { 0.0 });
+        let half = _mm512_set1_ps(0.5);
+        let round = |v: __m512| {
+            let x = _mm512_mul_ps(v, inverse);
+            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(x);
+            let away = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(x, t)), half);
+            // One step away from zero: +1 or -1 with x's sign.
+            let step = _mm512_or_ps(_mm512_set1_ps(1.0), _mm512_and_ps(x, _mm512_set1_ps(-0.0)));
+            _mm512_cvttps_epi32(_mm512_mask_add_ps(t, away, t, step))
+        };
+        let (qa, qb) = (round(a), round(b));
+        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+        let dst = words.as_mut_ptr().cast::<u8>();
+        _mm_storeu_si128(dst.cast(), _mm512_cvtepi32_epi8(qa));
+        _mm_storeu_si128(dst.add(16).cast(), _mm512_cvtepi32_epi8(qb));
+        (amax, sum)
     }
 }
 
@@ -596,6 +685,57 @@ mod tests {
                 assert!(same, "{dtype:?}, {rows} rows of [{n}, {k}]: {:?} vs {:?}", &expected[..4], &got[..4]);
             }
         }
+    }
+
+    #[test]
+    fn vector_quantisation_equals_the_scalar_one() {
+        // Ties (x.5 after scaling), zeros, negative ties, and random blocks.
+        let mut blocks: Vec<Vec<f32>> = vec![vec![0.0; 32]];
+        let mut ties: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) + 0.5).collect();
+        ties[0] = 127.0;
+        blocks.push(ties.clone());
+        blocks.push(ties.iter().map(|v| -v).collect());
+        for seed in 0..64 {
+            blocks.push(values(32, seed));
+        }
+        for block in &blocks {
+            let (mut a, mut b) = ([0i32; 8], [0i32; 8]);
+            let got = quantize_block(block, &mut a);
+            let want = quantize_block_scalar(block, &mut b);
+            assert_eq!((got.0.to_bits(), got.1, a), (want.0.to_bits(), want.1, b), "{block:?}");
+        }
+    }
+
+    #[test]
+    fn products_run_together_equal_products_run_alone() {
+        if !supported() {
+            eprintln!("this CPU has no AVX-512 VNNI: the kernel is not used here, nothing to compare");
+            return;
+        }
+        let k = 576;
+        let mats: Vec<Packed> = [576usize, 192, 64]
+            .iter()
+            .map(|&n| {
+                let w = Tensor::from_vec(values(n * k, n as u64), (n, k), &Device::Cpu).unwrap();
+                let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
+                Packed::new(GgmlDType::Q4_1, &q.data().unwrap(), n, k).unwrap()
+            })
+            .collect();
+        for rows in [1usize, 3, 16] {
+            let x = values(rows * k, rows as u64 + 7);
+            let refs: Vec<&Packed> = mats.iter().collect();
+            let together = Packed::matmul_many(&refs, &x, rows).unwrap();
+            for (m, got) in mats.iter().zip(&together) {
+                let alone = m.matmul(&x, rows).unwrap();
+                assert!(alone.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()), "{rows} rows");
+            }
+        }
+        let q8 = {
+            let w = Tensor::from_vec(values(16 * k, 3), (16, k), &Device::Cpu).unwrap();
+            let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+            Packed::new(GgmlDType::Q8_0, &q.data().unwrap(), 16, k).unwrap()
+        };
+        assert!(Packed::matmul_many(&[&mats[0], &q8], &values(k, 1), 1).is_none(), "Q4_1 only");
     }
 
     #[test]

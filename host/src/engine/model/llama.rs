@@ -152,9 +152,10 @@ impl<B: Backend> Llama<B> {
                 Some([q, k, v]) => [Some(q), Some(k), Some(v)],
                 None => [None, None, None],
             };
-            let mut q = b.linear(&h, &block.wq, bq)?;
-            let mut k = b.linear(&h, &block.wk, bk)?;
-            let v = b.linear(&h, &block.wv, bv)?;
+            let [mut q, mut k, v]: [B::Tensor; 3] = b
+                .linear_many(&h, &[(&block.wq, bq), (&block.wk, bk), (&block.wv, bv)])?
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("linear_many returned the wrong number of products"))?;
             b.rope(&mut q, &batch.positions, &self.rope)?;
             b.rope(&mut k, &batch.positions, &self.rope)?;
             b.write_kv(cache, layer, &k, &v, &batch.slots)?;
@@ -162,7 +163,11 @@ impl<B: Backend> Llama<B> {
             b.add_assign(&mut x, &b.linear(&attended, &block.wo, None)?)?;
 
             let h = b.rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
-            let gated = b.silu_mul(&b.linear(&h, &block.w_gate, None)?, &b.linear(&h, &block.w_up, None)?)?;
+            let [gate, up]: [B::Tensor; 2] = b
+                .linear_many(&h, &[(&block.w_gate, None), (&block.w_up, None)])?
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("linear_many returned the wrong number of products"))?;
+            let gated = b.silu_mul(&gate, &up)?;
             b.add_assign(&mut x, &b.linear(&gated, &block.w_down, None)?)?;
         }
         let last = b.select_rows(&x, &batch.logits_rows)?;
