@@ -104,13 +104,13 @@ const HANDLED: &[&str] = &[
     "propertyNames",
     "not",
     "dependentSchemas",
+    "if",
+    "then",
+    "else",
 ];
 
 /// Keywords refused with an error.
 const UNSUPPORTED: &[&str] = &[
-    "if",
-    "then",
-    "else",
     "contains",
     "minContains",
     "maxContains",
@@ -148,6 +148,9 @@ pub struct Compiler<'a> {
     anchors: HashMap<String, String>,
     /// Drafts 4-7: `$ref` siblings are ignored.
     legacy_ref: bool,
+    /// Drafts 4 and 6 have no `if`/`then`/`else`: there they are unknown keywords, ignored
+    /// with a warning (as every validator of those drafts ignores them).
+    no_conditionals: bool,
     /// `$ref` targets waiting to be compiled: (node, pointer). Compiling them from a
     /// worklist, not recursively, keeps long reference chains off the stack.
     queue: Vec<(NodeId, Job)>,
@@ -180,6 +183,13 @@ impl<'a> Compiler<'a> {
                     .get("$schema")
                     .and_then(Value::as_str)
                     .is_some_and(|s| s.contains("draft-04") || s.contains("draft-06") || s.contains("draft-07")),
+            },
+            no_conditionals: match draft {
+                Some(d) => matches!(d, "4" | "6"),
+                None => root
+                    .get("$schema")
+                    .and_then(Value::as_str)
+                    .is_some_and(|s| s.contains("draft-04") || s.contains("draft-06")),
             },
             warnings: Vec::new(),
             queue: Vec::new(),
@@ -491,8 +501,14 @@ impl<'a> Compiler<'a> {
                 "`allOf`/`$ref` nest too deeply to merge (a recursive `$ref` inside `allOf`?)",
             ));
         }
-        let mut base: Map<String, Value> =
-            map.iter().filter(|(k, _)| *k != "allOf" && *k != "$ref").map(|(k, v)| (k.clone(), v.clone())).collect();
+        // `then` and `else` apply only beside their own `if`: without one they are dropped
+        // here, before merging could pair them with another branch's `if`.
+        let orphan = |k: &str| (k == "then" || k == "else") && !map.contains_key("if");
+        let mut base: Map<String, Value> = map
+            .iter()
+            .filter(|(k, _)| *k != "allOf" && *k != "$ref" && !orphan(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let mut parts: Vec<(Map<String, Value>, String)> = Vec::new();
         if let Some(Value::String(r)) = map.get("$ref") {
             let (target, tptr) = self.resolve(r, ptr)?;
@@ -532,6 +548,15 @@ impl<'a> Compiler<'a> {
     fn build(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {
         if map.contains_key("$never") {
             return Ok(NEVER);
+        }
+        if let Some(cond) = map.get("if") {
+            if !self.no_conditionals {
+                return self.conditional(map, cond, ptr);
+            }
+            self.warnings.push(Warning {
+                location: format!("#{ptr}/if"),
+                message: "`if`/`then`/`else` are not keywords of this schema's draft (4 or 6): ignored".into(),
+            });
         }
         if let Some(n) = map.get("not")
             && let NotRule::Nothing = not_rule(n, ptr)?
@@ -660,6 +685,29 @@ impl<'a> Compiler<'a> {
             1 => alts[0],
             _ => self.push(Node::Union(alts)),
         })
+    }
+
+    /// `if`/`then`/`else` as the union of its two cases, which exclude each other:
+    /// `allOf: [rest, if, then]` or `allOf: [rest, not(if), else]`, with `not(if)` pushed
+    /// inwards by [`negate`] (a missing `then` or `else` is `true`).
+    fn conditional(&mut self, map: &Map<String, Value>, cond: &Value, ptr: &str) -> Result<NodeId, ConstraintError> {
+        let rest: Map<String, Value> = map
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "if" | "then" | "else"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let then = map.get("then").cloned().unwrap_or(Value::Bool(true));
+        let otherwise = map.get("else").cloned().unwrap_or(Value::Bool(true));
+        let not_cond = negate(cond, &format!("{ptr}/if"))?;
+        let rest = Value::Object(rest);
+        let cases = serde_json::json!({
+            "anyOf": [
+                { "allOf": [rest.clone(), cond.clone(), then] },
+                { "allOf": [rest, not_cond, otherwise] },
+            ]
+        });
+        let Value::Object(cases) = cases else { unreachable!("a JSON object literal") };
+        self.compile_map(cases, ptr)
     }
 
     /// The types allowed: `type` (with `integer` inside `number` dropped), or all of them.
@@ -1276,6 +1324,189 @@ fn not_rule(v: &Value, ptr: &str) -> Result<NotRule, ConstraintError> {
         }
         _ => Err(unsupported()),
     }
+}
+
+/// A schema that holds exactly where `v` (the schema at `at`) fails, in forms the compiler
+/// enforces: boolean schemas; `type`; `required`; `properties` whose values negate in turn;
+/// `const` and `enum` of strings, numbers, booleans and null; `minimum`/`maximum` and their
+/// exclusive forms; `min`/`max` `Length`, `Items` and `Properties`. Any other keyword is an
+/// error naming it.
+fn negate(v: &Value, at: &str) -> Result<Value, ConstraintError> {
+    use serde_json::json;
+    let m = match v {
+        Value::Bool(b) => return Ok(Value::Bool(!b)),
+        Value::Object(m) => m,
+        _ => return Err(err(ErrorCode::InvalidSource, at, "a schema must be an object or a boolean")),
+    };
+    // `v` holds when every keyword does, so it fails when one of them fails. `required` and
+    // `properties` hold for any non-object, so their failures are objects.
+    let mut cases: Vec<Value> = Vec::new();
+    for (k, x) in m {
+        match k.as_str() {
+            k if ANNOTATIONS.contains(&k) || k.starts_with("x-") => {}
+            "type" => cases.push(json!({ "not": { "type": x } })),
+            "required" => {
+                let names = x.as_array().ok_or_else(|| {
+                    err(ErrorCode::InvalidSource, &format!("{at}/required"), "`required` must be an array")
+                })?;
+                for n in names {
+                    cases.push(json!({ "type": "object", "not": { "required": [n] } }));
+                }
+            }
+            "properties" => {
+                let props = x.as_object().ok_or_else(|| {
+                    err(ErrorCode::InvalidSource, &format!("{at}/properties"), "`properties` must be an object")
+                })?;
+                for (name, s) in props {
+                    let failing = negate(s, &format!("{at}/properties/{}", escape_pointer(name)))?;
+                    if failing != Value::Bool(false) {
+                        cases.push(json!({ "type": "object", "required": [name], "properties": { name: failing } }));
+                    }
+                }
+            }
+            // Bounds hold for every value of another type, so they fail inside their type.
+            "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" if x.is_number() => {
+                let opposite = match k.as_str() {
+                    "minimum" => "exclusiveMaximum",
+                    "maximum" => "exclusiveMinimum",
+                    "exclusiveMinimum" => "maximum",
+                    _ => "minimum",
+                };
+                cases.push(json!({ "type": "number", opposite: x }));
+            }
+            "minLength" | "maxLength" | "minItems" | "maxItems" | "minProperties" | "maxProperties" => {
+                let n = x.as_u64().ok_or_else(|| {
+                    err(ErrorCode::InvalidSource, &format!("{at}/{k}"), format!("`{k}` must be a non-negative integer"))
+                })?;
+                let (kind, what) = match &k[3..] {
+                    "Length" => ("string", "Length"),
+                    "Items" => ("array", "Items"),
+                    _ => ("object", "Properties"),
+                };
+                if k.starts_with("min") {
+                    if n > 0 {
+                        cases.push(json!({ "type": kind, format!("max{what}"): n - 1 }));
+                    }
+                } else {
+                    cases.push(json!({ "type": kind, format!("min{what}"): n + 1 }));
+                }
+            }
+            "const" => cases.push(complement(std::slice::from_ref(x), &format!("{at}/const"))?),
+            "enum" => {
+                let values = x
+                    .as_array()
+                    .ok_or_else(|| err(ErrorCode::InvalidSource, &format!("{at}/enum"), "`enum` must be an array"))?;
+                cases.push(complement(values, &format!("{at}/enum"))?);
+            }
+            other => {
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    &format!("{at}/{}", escape_pointer(other)),
+                    format!(
+                        "`if` is supported with `type`, `required`, `properties`, `const`, `enum`, numeric \
+                         bounds and size bounds (the forms whose negation can be enforced); `{other}` in it \
+                         is not yet"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(match cases.len() {
+        0 => Value::Bool(false),
+        1 => cases.remove(0),
+        _ => json!({ "anyOf": cases }),
+    })
+}
+
+/// A schema for every JSON value other than `values` (strings, numbers, booleans, null).
+fn complement(values: &[Value], at: &str) -> Result<Value, ConstraintError> {
+    use serde_json::json;
+    let kind = |v: &Value| match v {
+        Value::String(_) => Ok("string"),
+        Value::Number(_) => Ok("number"),
+        Value::Bool(_) => Ok("boolean"),
+        Value::Null => Ok("null"),
+        _ => Err(err(ErrorCode::Unsupported, at, "`if` on an object or array `const`/`enum` is not supported yet")),
+    };
+    let mut kinds: Vec<&str> = Vec::new();
+    for v in values {
+        let k = kind(v)?;
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    let mut cases = vec![json!({ "not": { "type": kinds } })];
+    let strings: Vec<&str> = values.iter().filter_map(Value::as_str).collect();
+    if !strings.is_empty() {
+        cases.push(json!({ "type": "string", "pattern": none_of(&strings, at)? }));
+    }
+    let mut numbers: Vec<f64> = values.iter().filter_map(Value::as_f64).collect();
+    numbers.sort_by(f64::total_cmp);
+    numbers.dedup();
+    if let (Some(&lo), Some(&hi)) = (numbers.first(), numbers.last()) {
+        cases.push(json!({ "type": "number", "exclusiveMaximum": lo }));
+        for w in numbers.windows(2) {
+            cases.push(json!({ "type": "number", "exclusiveMinimum": w[0], "exclusiveMaximum": w[1] }));
+        }
+        cases.push(json!({ "type": "number", "exclusiveMinimum": hi }));
+    }
+    let bools: Vec<bool> = values.iter().filter_map(Value::as_bool).collect();
+    if !bools.is_empty() {
+        for b in [true, false] {
+            if !bools.contains(&b) {
+                cases.push(json!({ "const": b }));
+            }
+        }
+    }
+    Ok(json!({ "anyOf": cases }))
+}
+
+/// An anchored pattern for every string except `words`: the words' character trie, where at
+/// each node the string may end (if no word ends there), leave the trie by a character no
+/// word continues with, or follow a child.
+fn none_of(words: &[&str], at: &str) -> Result<String, ConstraintError> {
+    /// Past this many characters of words the pattern is refused (it grows with them).
+    const MAX_CHARS: usize = 4096;
+    if words.iter().map(|w| w.chars().count()).sum::<usize>() > MAX_CHARS {
+        return Err(err(
+            ErrorCode::TooLarge,
+            at,
+            "`if` on more than 4,096 characters of string values is not supported",
+        ));
+    }
+    #[derive(Default)]
+    struct Node {
+        end: bool,
+        children: std::collections::BTreeMap<char, Node>,
+    }
+    let mut root = Node::default();
+    for w in words {
+        let mut n = &mut root;
+        for c in w.chars() {
+            n = n.children.entry(c).or_default();
+        }
+        n.end = true;
+    }
+    fn class_char(c: char) -> String {
+        if c.is_ascii_alphanumeric() { c.to_string() } else { format!("\\u{{{:x}}}", c as u32) }
+    }
+    fn pattern(n: &Node) -> String {
+        let mut alts: Vec<String> = Vec::new();
+        if !n.end {
+            alts.push(String::new());
+        }
+        if n.children.is_empty() {
+            alts.push("[\\s\\S]+".into());
+        } else {
+            let set: String = n.children.keys().map(|&c| class_char(c)).collect();
+            alts.push(format!("[^{set}][\\s\\S]*"));
+        }
+        for (&c, child) in &n.children {
+            alts.push(format!("{}{}", class_char(c), pattern(child)));
+        }
+        format!("(?:{})", alts.join("|"))
+    }
+    Ok(format!("^{}$", pattern(&root)))
 }
 
 /// What `propertyNames` allows.

@@ -1,0 +1,99 @@
+//! `if`/`then`/`else`: the union of `allOf: [rest, if, then]` and `allOf: [rest, not(if),
+//! else]`, with `not(if)` pushed inwards; forms whose negation cannot be enforced are errors
+//! naming the keyword.
+
+use dspark_guest::ErrorCode;
+use dspark_plugin_json_schema::compile_recognizer;
+
+fn accepts(schema: &str, text: &str) -> bool {
+    let (rec, _) = compile_recognizer("json-schema", schema, r#"{"property_order":"any"}"#)
+        .unwrap_or_else(|e| panic!("{schema}: {e}"));
+    rec.matches(text.as_bytes())
+}
+
+#[test]
+fn a_discriminating_const_picks_the_branch() {
+    let schema = r#"{"type": "object",
+        "properties": {"kind": {"type": "string"}, "size": {"type": "integer"}, "name": {"type": "string"}},
+        "required": ["kind"],
+        "if": {"properties": {"kind": {"const": "box"}}},
+        "then": {"required": ["size"]},
+        "else": {"required": ["name"]}}"#;
+    assert!(accepts(schema, r#"{"kind":"box","size":3}"#));
+    assert!(!accepts(schema, r#"{"kind":"box","name":"x"}"#), "a box needs its size");
+    assert!(accepts(schema, r#"{"kind":"bag","name":"x"}"#));
+    assert!(accepts(schema, r#"{"kind":"boxes","name":"x"}"#), "a longer string is not the const");
+    assert!(accepts(schema, r#"{"kind":"bo","name":"x"}"#), "a prefix is not the const");
+    assert!(accepts(schema, r#"{"kind":"","name":"x"}"#));
+    assert!(!accepts(schema, r#"{"kind":"bag","size":3}"#), "anything else needs a name");
+}
+
+#[test]
+fn enums_numbers_booleans_and_required_conditions() {
+    let num = r#"{"if": {"enum": [1, 2.5]}, "then": {"type": "integer"}, "else": {"type": "string"}}"#;
+    assert!(accepts(num, "1"));
+    assert!(!accepts(num, "2.5"), "2.5 is in the enum, so it must be an integer");
+    assert!(accepts(num, r#""x""#));
+    assert!(!accepts(num, "3"), "not in the enum: must be a string");
+    let boolean = r#"{"if": {"const": true}, "then": true, "else": {"type": "null"}}"#;
+    assert!(accepts(boolean, "true"));
+    assert!(!accepts(boolean, "false"));
+    assert!(accepts(boolean, "null"));
+    let req = r#"{"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}"#;
+    assert!(accepts(req, r#"{"a":1,"b":2}"#));
+    assert!(!accepts(req, r#"{"a":1}"#));
+    assert!(accepts(req, r#"{"c":1}"#), "no `else`: anything without `a`");
+    let typed = r#"{"if": {"type": "string"}, "then": {"maxLength": 2}, "else": {"type": "integer"}}"#;
+    assert!(accepts(typed, r#""ab""#));
+    assert!(!accepts(typed, r#""abc""#));
+    assert!(accepts(typed, "7"));
+    assert!(!accepts(typed, "true"));
+}
+
+#[test]
+fn non_objects_pass_an_object_condition() {
+    // `properties` holds for any non-object, so a string takes `then`.
+    let schema =
+        r#"{"if": {"properties": {"a": {"const": 1}}}, "then": {"type": "string"}, "else": {"type": "object"}}"#;
+    assert!(accepts(schema, r#""s""#));
+    assert!(!accepts(schema, "5"));
+    assert!(accepts(schema, r#"{"a":2}"#), "an object with a different `a` takes `else`");
+    assert!(!accepts(schema, r#"{"a":1}"#), "an object whose `a` is 1 takes `then` (a string)");
+}
+
+#[test]
+fn bounds_fail_inside_their_type() {
+    let schema =
+        r#"{"if": {"minimum": 3, "maxLength": 2}, "then": {"type": ["integer", "string"]}, "else": {"const": 0}}"#;
+    assert!(accepts(schema, "4"), "4 >= 3: then");
+    assert!(!accepts(schema, "4.5"), "then wants an integer");
+    assert!(accepts(schema, "0"), "0 < 3: else, and 0 is its const");
+    assert!(!accepts(schema, "1"), "1 < 3: else wants 0");
+    assert!(accepts(schema, r#""ab""#), "short string passes both bounds: then");
+    assert!(!accepts(schema, r#""abc""#), "too long: else wants 0");
+    let items = r#"{"if": {"minItems": 2}, "then": {"maxItems": 3}, "else": {"type": "array", "maxItems": 0}}"#;
+    assert!(accepts(items, "[1,2]"));
+    assert!(!accepts(items, "[1,2,3,4]"));
+    assert!(accepts(items, "[]"));
+    assert!(!accepts(items, "[1]"));
+}
+
+#[test]
+fn unsupported_conditions_name_the_keyword() {
+    let e = compile_recognizer("json-schema", r#"{"if": {"pattern": "^a"}, "then": {"type": "integer"}}"#, "{}")
+        .err()
+        .expect("an unsupported condition");
+    assert_eq!(e.code, ErrorCode::Unsupported);
+    assert!(e.location.as_deref().is_some_and(|l| l.contains("/if/pattern")) && e.message.contains("pattern"), "{e:?}");
+}
+
+#[test]
+fn drafts_without_conditionals_ignore_them_with_a_warning() {
+    let schema = r#"{"$schema": "http://json-schema.org/draft-04/schema#",
+        "if": {"const": 1}, "then": {"const": 2}}"#;
+    let (rec, warnings) = compile_recognizer("json-schema", schema, "{}").unwrap();
+    assert!(rec.matches(b"1"), "draft 4 has no `if`: any value");
+    assert!(warnings.iter().any(|w| w.location.ends_with("/if") && w.message.contains("draft")), "{warnings:?}");
+    let (rec, _) = compile_recognizer("json-schema", schema, r#"{"draft":"7"}"#).unwrap();
+    assert!(!rec.matches(b"1"), "under draft 7 the condition applies");
+}
