@@ -570,7 +570,12 @@ impl Q8_1Rows {
     /// `d = amax / 127`, `q = round(x / d)`, `s = f16(sum q) * f16(d)` rounded to f16.
     fn quantize(x: &[f32], rows: usize, k: usize) -> Self {
         let blocks = k / BLOCK;
-        let mut out = Self { blocks, words: vec![0i32; rows * k / 4], d: vec![0f32; rows * blocks], s: vec![0f32; rows * blocks] };
+        let mut out = Self {
+            blocks,
+            words: vec![0i32; rows * k / 4],
+            d: vec![0f32; rows * blocks],
+            s: vec![0f32; rows * blocks],
+        };
         for (i, block) in x.chunks_exact(BLOCK).enumerate().take(rows * blocks) {
             let (amax, sum) = quantize_block(block, &mut out.words[i * 8..][..8]);
             let dh = f16::from_f32(amax / 127.0);
