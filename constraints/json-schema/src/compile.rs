@@ -109,6 +109,11 @@ const HANDLED: &[&str] = &[
     "else",
 ];
 
+/// The most `if` conditions one `allOf` may combine (their cases multiply).
+const MAX_CONDITIONALS: usize = 4;
+/// The most branches the conditions of one `allOf` may combine into.
+const MAX_CONDITION_BRANCHES: usize = 64;
+
 /// Keywords refused with an error.
 const UNSUPPORTED: &[&str] = &[
     "contains",
@@ -537,9 +542,77 @@ impl<'a> Compiler<'a> {
                 }
             }
         }
+        // Each branch's `if`/`then`/`else` stays its own: merged maps hold one conditional,
+        // and several become the union of every combination of their cases.
+        let mut conds: Vec<(Value, Value, Value, String)> = Vec::new();
+        let conditionals = !self.no_conditionals;
+        let take_conditional = |conds: &mut Vec<_>, m: &mut Map<String, Value>, at: &str| {
+            if conditionals && let Some(c) = m.remove("if") {
+                let then = m.remove("then").unwrap_or(Value::Bool(true));
+                let otherwise = m.remove("else").unwrap_or(Value::Bool(true));
+                conds.push((c, then, otherwise, at.to_string()));
+            }
+        };
+        take_conditional(&mut conds, &mut base, ptr);
         for (part, pptr) in parts {
-            let flat = self.flatten(&part, &pptr, depth + 1)?;
+            let mut flat = self.flatten(&part, &pptr, depth + 1)?;
+            take_conditional(&mut conds, &mut flat, &pptr);
             base = merge(base, flat, &pptr)?;
+        }
+        match conds.len() {
+            0 => {}
+            1 => {
+                let (c, then, otherwise, _) = conds.remove(0);
+                base.insert("if".into(), c);
+                base.insert("then".into(), then);
+                base.insert("else".into(), otherwise);
+            }
+            n if n > MAX_CONDITIONALS => {
+                return Err(err(
+                    ErrorCode::Unsupported,
+                    ptr,
+                    format!("more than {MAX_CONDITIONALS} `if` conditions in one `allOf` are not supported yet"),
+                ));
+            }
+            _ => {
+                if base.contains_key("anyOf") || base.contains_key("oneOf") {
+                    return Err(err(
+                        ErrorCode::Unsupported,
+                        ptr,
+                        "several `if` conditions beside `anyOf`/`oneOf` in one `allOf` cannot be merged yet",
+                    ));
+                }
+                // Each condition holds (with its `then`) or fails in one of its ways (with its
+                // `else`); every combination is one branch.
+                let mut combos: Vec<Vec<Value>> = vec![Vec::new()];
+                for (c, then, otherwise, at) in conds {
+                    let mut cases = vec![serde_json::json!({ "allOf": [c.clone(), then] })];
+                    for failing in disjuncts(negate(&c, &format!("{at}/if"))?) {
+                        cases.push(serde_json::json!({ "allOf": [failing, otherwise.clone()] }));
+                    }
+                    combos = combos
+                        .into_iter()
+                        .flat_map(|combo| {
+                            cases.iter().map(move |case| {
+                                let mut next = combo.clone();
+                                next.push(case.clone());
+                                next
+                            })
+                        })
+                        .collect();
+                    if combos.len() > MAX_CONDITION_BRANCHES {
+                        return Err(err(
+                            ErrorCode::TooLarge,
+                            ptr,
+                            format!(
+                                "the `if` conditions of one `allOf` combine into more than {MAX_CONDITION_BRANCHES} cases"
+                            ),
+                        ));
+                    }
+                }
+                let alts: Vec<Value> = combos.into_iter().map(|parts| serde_json::json!({ "allOf": parts })).collect();
+                base.insert("anyOf".into(), Value::Array(alts));
+            }
         }
         Ok(base)
     }
@@ -698,16 +771,15 @@ impl<'a> Compiler<'a> {
             .collect();
         let then = map.get("then").cloned().unwrap_or(Value::Bool(true));
         let otherwise = map.get("else").cloned().unwrap_or(Value::Bool(true));
-        let not_cond = negate(cond, &format!("{ptr}/if"))?;
         let rest = Value::Object(rest);
-        let cases = serde_json::json!({
-            "anyOf": [
-                { "allOf": [rest.clone(), cond.clone(), then] },
-                { "allOf": [rest, not_cond, otherwise] },
-            ]
-        });
-        let Value::Object(cases) = cases else { unreachable!("a JSON object literal") };
-        self.compile_map(cases, ptr)
+        // One case per way the condition can fail, so that no case holds two `anyOf`s.
+        let mut cases = vec![serde_json::json!({ "allOf": [rest.clone(), cond.clone(), then] })];
+        for failing in disjuncts(negate(cond, &format!("{ptr}/if"))?) {
+            cases.push(serde_json::json!({ "allOf": [rest.clone(), failing, otherwise.clone()] }));
+        }
+        let mut map = Map::new();
+        map.insert("anyOf".into(), Value::Array(cases));
+        self.compile_map(map, ptr)
     }
 
     /// The types allowed: `type` (with `integer` inside `number` dropped), or all of them.
@@ -1418,6 +1490,19 @@ fn negate(v: &Value, at: &str) -> Result<Value, ConstraintError> {
     })
 }
 
+/// The branches of a schema that is a bare `anyOf`, else the schema itself.
+fn disjuncts(v: Value) -> Vec<Value> {
+    match v {
+        Value::Object(mut m) if m.len() == 1 && matches!(m.get("anyOf"), Some(Value::Array(_))) => {
+            match m.remove("anyOf") {
+                Some(Value::Array(branches)) => branches,
+                _ => Vec::new(),
+            }
+        }
+        other => vec![other],
+    }
+}
+
 /// A schema for every JSON value other than `values` (strings, numbers, booleans, null).
 fn complement(values: &[Value], at: &str) -> Result<Value, ConstraintError> {
     use serde_json::json;
@@ -1507,6 +1592,58 @@ fn none_of(words: &[&str], at: &str) -> Result<String, ConstraintError> {
         format!("(?:{})", alts.join("|"))
     }
     Ok(format!("^{}$", pattern(&root)))
+}
+
+/// `not: a` and `not: b` as one `not`, where both are `type` forms (the union of the types) or
+/// both are `required` forms (each a set that must not all appear): `None` otherwise.
+fn merge_nots(a: &Value, b: &Value) -> Option<Value> {
+    let types = |v: &Value| -> Option<Vec<Value>> {
+        let m = v.as_object()?;
+        if m.keys().any(|k| k != "type" && !ANNOTATIONS.contains(&k.as_str())) {
+            return None;
+        }
+        match m.get("type")? {
+            Value::Array(a) => Some(a.clone()),
+            t => Some(vec![t.clone()]),
+        }
+    };
+    if let (Some(mut ta), Some(tb)) = (types(a), types(b)) {
+        for t in tb {
+            if !ta.contains(&t) {
+                ta.push(t);
+            }
+        }
+        return Some(serde_json::json!({ "type": ta }));
+    }
+    // The sets of a `required` form: one for `{required}` and for `{allOf: [required...]}`
+    // (their union), one per branch of `{anyOf: [required...]}`.
+    let sets = |v: &Value| -> Option<Vec<Value>> {
+        if let Some(names) = required_only(v) {
+            return Some(vec![serde_json::json!(names)]);
+        }
+        let m = v.as_object()?;
+        match (m.get("anyOf"), m.get("allOf"), m.len()) {
+            (Some(Value::Array(branches)), None, 1) => {
+                branches.iter().map(|b| required_only(b).map(|n| serde_json::json!(n))).collect()
+            }
+            (None, Some(Value::Array(branches)), 1) => {
+                let mut union: Vec<String> = Vec::new();
+                for b in branches {
+                    for n in required_only(b)? {
+                        if !union.contains(&n) {
+                            union.push(n);
+                        }
+                    }
+                }
+                Some(vec![serde_json::json!(union)])
+            }
+            _ => None,
+        }
+    };
+    let mut all = sets(a)?;
+    all.extend(sets(b)?);
+    let branches: Vec<Value> = all.into_iter().map(|names| serde_json::json!({ "required": names })).collect();
+    Some(serde_json::json!({ "anyOf": branches }))
 }
 
 /// What `propertyNames` allows.
@@ -1796,6 +1933,10 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
                 Value::Array(ps)
             }
             "format" | "uniqueItems" | "multipleOf" => va,
+            // `not A` and `not B` is `not (A or B)`, in the forms `not` takes.
+            "not" => merge_nots(&va, &vb).ok_or_else(|| {
+                err(ErrorCode::Unsupported, ptr, "`allOf` branches disagree on `not` and cannot be merged")
+            })?,
             "anyOf" | "oneOf" => {
                 return Err(err(
                     ErrorCode::Unsupported,

@@ -97,3 +97,23 @@ fn drafts_without_conditionals_ignore_them_with_a_warning() {
     let (rec, _) = compile_recognizer("json-schema", schema, r#"{"draft":"7"}"#).unwrap();
     assert!(!rec.matches(b"1"), "under draft 7 the condition applies");
 }
+
+#[test]
+fn conditionals_in_several_all_of_branches_each_apply() {
+    let schema = r#"{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {}, "d": {}},
+        "allOf": [
+            {"if": {"properties": {"a": {"const": 1}}, "required": ["a"]}, "then": {"required": ["c"]}},
+            {"if": {"properties": {"b": {"const": 2}}, "required": ["b"]}, "then": {"required": ["d"]}, "else": {"not": {"required": ["d"]}}}
+        ]}"#;
+    assert!(accepts(schema, r#"{"a":1,"b":2,"c":0,"d":0}"#));
+    assert!(!accepts(schema, r#"{"a":1,"b":2,"d":0}"#), "a = 1 needs c");
+    assert!(!accepts(schema, r#"{"a":1,"b":2,"c":0}"#), "b = 2 needs d");
+    assert!(accepts(schema, r#"{"a":0,"b":3}"#));
+    assert!(!accepts(schema, r#"{"a":0,"b":3,"d":0}"#), "b != 2 forbids d");
+    let five = format!(
+        r#"{{"allOf": [{}]}}"#,
+        (0..5).map(|i| format!(r#"{{"if": {{"const": {i}}}, "then": true}}"#)).collect::<Vec<_>>().join(",")
+    );
+    let e = compile_recognizer("json-schema", &five, "{}").err().expect("too many conditions");
+    assert_eq!(e.code, ErrorCode::Unsupported);
+}
