@@ -164,7 +164,24 @@ struct Group {
     after: Mutex<After>,
     /// What follows the token once it ends, expanded down to the next terminals: the
     /// byte-independent half of every `after` entry, computed once.
-    frontier: OnceLock<Vec<Config>>,
+    frontier: OnceLock<Frontier>,
+}
+
+/// What follows a group's token once it ends, expanded down to the next terminals, with the
+/// bytes each configuration can take first: a byte none of them takes is refused without
+/// scanning, and a byte is scanned only against the configurations that take it.
+#[derive(Debug)]
+struct Frontier {
+    configs: Vec<Config>,
+    first: Vec<ByteSet>,
+    any: ByteSet,
+}
+
+/// A set of bytes.
+type ByteSet = [u64; 4];
+
+fn has_byte(set: &ByteSet, b: u8) -> bool {
+    set[(b >> 6) as usize] >> (b & 63) & 1 == 1
 }
 
 /// What a byte that ends a group's token leads to, by byte.
@@ -233,6 +250,8 @@ pub struct GrammarRecognizer {
     /// The walk states met by earlier masks and their transitions, kept so that a mask whose
     /// states were seen before walks the trie by table lookups alone.
     walk_table: Mutex<WalkTable>,
+    /// [`Self::first_bytes`] by terminal and DFA state.
+    first_bytes: Mutex<HashMap<(u32, u32), ByteSet>>,
 }
 
 /// Locks `m`; a poisoned lock (a panic in an earlier call, which traps the whole instance in
@@ -244,7 +263,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl GrammarRecognizer {
     /// Wraps a compiled grammar.
     pub fn new(g: Compiled) -> Self {
-        Self { g, walk_table: Mutex::default() }
+        Self { g, walk_table: Mutex::default(), first_bytes: Mutex::default() }
     }
 
     /// Whether the whole of `text` is in the language (for tests).
@@ -547,10 +566,7 @@ impl GrammarRecognizer {
                 }
             }
             let mut out = Vec::new();
-            let mut budget = STEP_BUDGET;
-            for c in self.frontier(g) {
-                self.scan(c, b, &mut out, &mut budget);
-            }
+            self.scan_frontier(self.frontier(g), b, &mut out);
             let w = self.finish(out).map(|n| self.to_walk(n, shared));
             let mut after = lock(&g.after);
             after.walks.push(w.clone());
@@ -575,18 +591,61 @@ impl GrammarRecognizer {
                 }));
             }
             if (stepped.is_none() || !self.g.greedy) && self.dfa_accepts(g.t, s) {
-                let mut budget = STEP_BUDGET;
-                for c in self.frontier(g) {
-                    self.scan(c, b, &mut out, &mut budget);
-                }
+                self.scan_frontier(self.frontier(g), b, &mut out);
             }
         }
         self.finish(out).map(|n| self.to_walk(n, shared))
     }
 
     /// What follows group `g`'s token once it ends, expanded down to the next terminals.
-    fn frontier<'g>(&self, g: &'g Group) -> &'g [Config] {
-        g.frontier.get_or_init(|| self.predict(g.configs.iter().filter_map(Config::pop)))
+    fn frontier<'g>(&self, g: &'g Group) -> &'g Frontier {
+        g.frontier.get_or_init(|| {
+            let configs = self.predict(g.configs.iter().filter_map(Config::pop));
+            let first: Vec<ByteSet> = configs.iter().map(|c| self.first_bytes(c)).collect();
+            let any = first.iter().fold([0u64; 4], |a, f| std::array::from_fn(|i| a[i] | f[i]));
+            Frontier { configs, first, any }
+        })
+    }
+
+    /// [`Self::scan`] of byte `b` over a frontier, skipping the configurations that cannot
+    /// take it.
+    fn scan_frontier(&self, f: &Frontier, b: u8, out: &mut Vec<(u64, Config)>) {
+        if !has_byte(&f.any, b) {
+            return;
+        }
+        let mut budget = STEP_BUDGET;
+        for (c, first) in f.configs.iter().zip(&f.first) {
+            if has_byte(first, b) {
+                self.scan(c, b, out, &mut budget);
+            }
+        }
+    }
+
+    /// The bytes an expanded configuration can take next: those its terminal's DFA steps on
+    /// from its state, or every byte where the terminal may also end at once (the byte then
+    /// goes to what follows) or the top is not a terminal.
+    fn first_bytes(&self, c: &Config) -> ByteSet {
+        let (t, s) = match c.top {
+            Frame::Tok { t, s } => (t, s),
+            Frame::Ignore { s } => match self.g.ignore {
+                Some(i) => (i, s),
+                None => return [0; 4],
+            },
+            _ => return [u64::MAX; 4],
+        };
+        let mut cache = lock(&self.first_bytes);
+        *cache.entry((t, s)).or_insert_with(|| {
+            if self.dfa_accepts(t, s) {
+                return [u64::MAX; 4];
+            }
+            let mut set = [0u64; 4];
+            for b in 0..=255u8 {
+                if self.dfa_step(t, s, b).is_some() {
+                    set[(b >> 6) as usize] |= 1 << (b & 63);
+                }
+            }
+            set
+        })
     }
 
     /// The state of the configurations a step produced: deduplicated, ordered, bounded.

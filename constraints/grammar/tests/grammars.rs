@@ -230,3 +230,25 @@ fn fast_masks_equal_the_plain_walk() {
         }
     }
 }
+
+/// A terminal that may match nothing ends at once when the next byte cannot continue it: the
+/// byte goes on to what follows (the fast path must not refuse it for not starting the
+/// terminal).
+#[test]
+fn an_empty_terminal_hands_the_byte_on() {
+    use dspark_guest::{Recognizer, TokenSet};
+    let table = rich_table();
+    // GBNF keeps `[a]*` a terminal of its own between the two rules.
+    let rec = compile_recognizer("gbnf", "root ::= b a x\nb ::= \"b\" | \"b\" b\na ::= [a]*\nx ::= \"x\" | \"x\" x\n")
+        .unwrap();
+    let mut state = rec.start();
+    for &b in b"b" {
+        state = rec.advance(&state, b).unwrap();
+    }
+    let mut fast = TokenSet::new(table.vocab_size());
+    assert!(rec.fill_mask(&state, &table, &mut fast));
+    let mut slow = TokenSet::new(table.vocab_size());
+    table.trie().walk(&state, &mut Vec::new(), |s, b| rec.advance(s, b), |t| slow.insert(t));
+    assert!(slow.contains(b'x' as u32) && slow.contains(b'a' as u32));
+    assert_eq!(fast.words(), slow.words());
+}
