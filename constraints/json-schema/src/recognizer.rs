@@ -924,12 +924,17 @@ impl SchemaRecognizer {
         let d = (b.wrapping_sub(b'0')) as f64;
         // Pruning: a positive number only grows with more integer digits, a negative one
         // only shrinks; once past a bound there is no way back.
-        let over = |v: f64| {
-            if neg { n.min.is_some_and(|(m, _)| -v < m) } else { n.max.is_some_and(|(m, _)| v > m) }
-        };
+        // Integers have no fraction or exponent to come back with: their bounds are exact
+        // (as inclusive integer bounds), so a prefix is refused as soon as no integer fits.
+        let (lo, hi) = if n.integer { integer_bounds(n) } else { (n.min.map(|(m, _)| m), n.max.map(|(m, _)| m)) };
+        let over = |v: f64| if neg { lo.is_some_and(|m| -v < m) } else { hi.is_some_and(|m| v > m) };
         match (phase, b) {
             (NUM_START, b'-') => {
-                if n.min.is_some_and(|(m, _)| m >= 0.0) {
+                // The negative number closest to zero: -1 for integers (`-0` is not written),
+                // as close as wanted for others.
+                let refused =
+                    if n.integer { lo.is_some_and(|m| m > -1.0) } else { n.min.is_some_and(|(m, _)| m >= 0.0) };
+                if refused {
                     return NumStep::Reject;
                 }
                 frame(NUM_MINUS, true, 0.0, 0, 0, false)
@@ -1034,12 +1039,21 @@ enum NumStep {
 /// Whether an integer part `v` (sign `neg`) can still be completed, by more digits (and, for
 /// non-integers, a fraction), into a value within the bounds: the completions with `j` more
 /// digits span `[v·10^j, (v+1)·10^j)`.
+/// The bounds of an integer node as inclusive integers (`exclusiveMinimum: -1` is `>= 0`).
+fn integer_bounds(n: &crate::graph::NumberNode) -> (Option<f64>, Option<f64>) {
+    let lo = n.min.map(|(m, excl)| if excl { m.floor() + 1.0 } else { m.ceil() });
+    let hi = n.max.map(|(m, excl)| if excl { m.ceil() - 1.0 } else { m.floor() });
+    (lo, hi)
+}
+
 fn int_prefix_feasible(n: &crate::graph::NumberNode, neg: bool, v: f64) -> bool {
+    // Integers: exact inclusive bounds. Others: exclusive ends ignored (a fraction or an
+    // exponent can still land inside), a conservative "feasible" that keeps valid documents
+    // reachable.
+    let (min, max) = if n.integer { integer_bounds(n) } else { (n.min.map(|(m, _)| m), n.max.map(|(m, _)| m)) };
     let inside = |lo: f64, hi: f64| {
-        // The magnitudes [lo, hi] as values, against [min, max] (exclusive ends ignored: a
-        // conservative "feasible" keeps valid documents reachable).
         let (a, b) = if neg { (-hi, -lo) } else { (lo, hi) };
-        n.min.is_none_or(|(m, _)| b >= m) && n.max.is_none_or(|(m, _)| a <= m)
+        min.is_none_or(|m| b >= m) && max.is_none_or(|m| a <= m)
     };
     let mut scale = 1.0f64;
     for _ in 0..20 {
@@ -1049,7 +1063,7 @@ fn int_prefix_feasible(n: &crate::graph::NumberNode, neg: bool, v: f64) -> bool 
             return true;
         }
         // Magnitudes only grow from here: stop once past the far bound.
-        let far = if neg { n.min.map(|(m, _)| -m) } else { n.max.map(|(m, _)| m) };
+        let far = if neg { min.map(|m| -m) } else { max };
         if far.is_some_and(|f| lo > f) {
             return false;
         }

@@ -131,3 +131,33 @@ fn unsupported_and_invalid_schemas_are_errors_with_pointers() {
     let e = compile_recognizer("json-schema", "{}", r#"{"indentation":2}"#).err().unwrap();
     assert!(e.message.contains("unknown option `indentation`"), "{e}");
 }
+
+/// Integer bounds are exact while the number is written: no prefix is allowed that no
+/// integer within the bounds can complete (a random walk would be stuck there).
+#[test]
+fn integer_prefixes_that_cannot_fit_are_refused() {
+    use dspark_guest::Recognizer;
+    let prefix_alive = |schema: &str, prefix: &str| {
+        let (rec, _) = compile_recognizer("json-schema", schema, "{}").unwrap();
+        let mut s = rec.start();
+        for &b in prefix.as_bytes() {
+            match rec.advance(&s, b) {
+                Some(n) => s = n,
+                None => return false,
+            }
+        }
+        true
+    };
+    let above_minus_one = r#"{"type": "integer", "exclusiveMinimum": -1}"#;
+    assert!(!prefix_alive(above_minus_one, "-"), "no negative integer is above -1");
+    assert!(prefix_alive(above_minus_one, "0"));
+    let below_ten = r#"{"type": "integer", "exclusiveMaximum": 10}"#;
+    assert!(prefix_alive(below_ten, "9"));
+    assert!(!prefix_alive(below_ten, "10"), "10 is not below 10, and more digits only grow");
+    let from_minus_five = r#"{"type": "integer", "minimum": -5.5, "maximum": -2}"#;
+    assert!(prefix_alive(from_minus_five, "-5"));
+    assert!(!prefix_alive(from_minus_five, "-6"));
+    assert!(!prefix_alive(from_minus_five, "-1"), "-1 is above -2 and can only shrink to -10s");
+    // Numbers keep exclusive ends loose: an exponent can still land inside.
+    assert!(prefix_alive(r#"{"type": "number", "exclusiveMinimum": -1}"#, "-1"));
+}
