@@ -456,7 +456,7 @@ impl SchemaRecognizer {
                         }
                         out.push(stack);
                     }
-                    (OBJ_VALUE, b',') if count < o.max_props && self.key_possible(node, next, seen) => {
+                    (OBJ_VALUE, b',') if count < o.max_props && self.key_possible(node, next, seen, count) => {
                         let d = container_depth(&stack) + 1;
                         stack.push(Frame::Obj { node, phase: OBJ_COMMA, next, seen, count, pending });
                         match layout.after_comma(d) {
@@ -469,7 +469,9 @@ impl SchemaRecognizer {
                         out.push(stack);
                     }
                     // Indented: a non-empty object opens its first key and closes on a new line.
-                    (OBJ_OPEN, b'\n') if indent && count < o.max_props && self.key_possible(node, next, seen) => {
+                    (OBJ_OPEN, b'\n')
+                        if indent && count < o.max_props && self.key_possible(node, next, seen, count) =>
+                    {
                         let d = container_depth(&stack) + 1;
                         let Some(pad) = layout.line(d) else { return };
                         stack.push(Frame::Obj { node, phase: OBJ_COMMA, next, seen, count, pending });
@@ -492,7 +494,7 @@ impl SchemaRecognizer {
                     (OBJ_CLOSE, b'}') => out.push(stack),
                     (OBJ_OPEN, b'"') if indent => {}
                     (OBJ_OPEN | OBJ_COMMA, b'"') if count < o.max_props => {
-                        let (lo, hi) = self.key_window(node, next, seen);
+                        let (lo, hi) = self.key_window(node, next, seen, count);
                         let base = Frame::Obj { node, phase: OBJ_KEY, next, seen, count: count + 1, pending };
                         if lo <= hi
                             && let Some(t) = o.keys.child(0, b'"')
@@ -802,7 +804,7 @@ impl SchemaRecognizer {
     }
 
     /// The declared properties that may come next: `[lo, hi]` (empty when lo > hi).
-    fn key_window(&self, node: NodeId, next: u16, seen: u64) -> (u16, u16) {
+    fn key_window(&self, node: NodeId, next: u16, seen: u64, count: u32) -> (u16, u16) {
         let Node::Object(o) = self.graph.node(node) else { return (1, 0) };
         let n = o.props.len() as u16;
         if n == 0 {
@@ -817,9 +819,18 @@ impl SchemaRecognizer {
                 // Up to and including the first property that must still be written (required,
                 // or required by a dependency of a written one).
                 let needed = o.dep_needed(seen);
-                let hi = (next..n)
+                let mut hi = (next..n)
                     .find(|&i| o.props[i as usize].required || (i < 64 && needed & (1 << i) != 0))
                     .unwrap_or(n.saturating_sub(1));
+                // With no undeclared key to make up the number, property `i` leaves only the
+                // ones after it: `count + 1 + (n - 1 - i)` must reach `minProperties`.
+                if o.additional == crate::graph::NEVER && o.patterns.is_empty() {
+                    let last = n as i64 + count as i64 - o.min_props as i64;
+                    if last < next as i64 {
+                        return (1, 0);
+                    }
+                    hi = hi.min(last.min(u16::MAX as i64) as u16);
+                }
                 (next, hi)
             }
         }
@@ -851,9 +862,9 @@ impl SchemaRecognizer {
     }
 
     /// Whether any key may come now (so that a `,` is not a dead end).
-    fn key_possible(&self, node: NodeId, next: u16, seen: u64) -> bool {
+    fn key_possible(&self, node: NodeId, next: u16, seen: u64, count: u32) -> bool {
         let Node::Object(o) = self.graph.node(node) else { return false };
-        let (lo, hi) = self.key_window(node, next, seen);
+        let (lo, hi) = self.key_window(node, next, seen, count);
         let declared = lo <= hi && o.keys.child(0, b'"').is_some_and(|t| self.key_reachable(node, t, lo, hi, seen));
         declared
             || ((o.additional != crate::graph::NEVER || !o.patterns.is_empty())

@@ -161,3 +161,22 @@ fn integer_prefixes_that_cannot_fit_are_refused() {
     // Numbers keep exclusive ends loose: an exponent can still land inside.
     assert!(prefix_alive(r#"{"type": "number", "exclusiveMinimum": -1}"#, "-1"));
 }
+
+/// In schema order with no undeclared keys, a property is refused where too few come after it
+/// to reach `minProperties` (the object could not be closed).
+#[test]
+fn schema_order_keeps_min_properties_reachable() {
+    let schema = r#"{"type": "object", "minProperties": 2, "additionalProperties": false,
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}}"#;
+    let (rec, _) = compile_recognizer("json-schema", schema, "{}").unwrap();
+    assert!(rec.matches(br#"{"a":1,"c":2}"#));
+    assert!(rec.matches(br#"{"b":1,"c":2}"#));
+    assert!(!rec.matches(br#"{"c":1}"#));
+    use dspark_guest::Recognizer;
+    let mut s = rec.start();
+    for &b in br#"{""# {
+        s = rec.advance(&s, b).unwrap();
+    }
+    assert!(rec.advance(&s, b'a').is_some() && rec.advance(&s, b'b').is_some());
+    assert!(rec.advance(&s, b'c').is_none(), "`c` first leaves nothing to make two properties");
+}
