@@ -446,16 +446,34 @@ impl<'a> Compiler<'a> {
     fn productive(&self, root: NodeId) -> bool {
         let n = self.nodes.len();
         let mut good = vec![false; n];
+        // Objects with a required property, and arrays with a required item, are as
+        // productive as those; a union as its best branch; everything else is.
+        let waits = |node: &Node| match node {
+            Node::Never | Node::Pending | Node::Union(_) => true,
+            Node::Object(o) => o.props.iter().any(|p| p.required),
+            Node::Array(a) => a.min_items > 0,
+            _ => false,
+        };
         for (i, node) in self.nodes.iter().enumerate() {
-            good[i] = !matches!(node, Node::Never | Node::Pending | Node::Union(_));
+            good[i] = !waits(node);
         }
         loop {
             let mut changed = false;
             for (i, node) in self.nodes.iter().enumerate() {
-                if !good[i]
-                    && let Node::Union(alts) = node
-                    && alts.iter().any(|&a| good[a as usize])
-                {
+                if good[i] {
+                    continue;
+                }
+                let now = match node {
+                    Node::Union(alts) => alts.iter().any(|&a| good[a as usize]),
+                    Node::Object(o) => o.props.iter().filter(|p| p.required).all(|p| good[p.node as usize]),
+                    Node::Array(a) => {
+                        let needed = a.min_items as usize;
+                        a.prefix.iter().take(needed).all(|&n| good[n as usize])
+                            && (needed <= a.prefix.len() || good[a.items as usize])
+                    }
+                    _ => false,
+                };
+                if now {
                     good[i] = true;
                     changed = true;
                 }

@@ -180,3 +180,16 @@ fn schema_order_keeps_min_properties_reachable() {
     assert!(rec.advance(&s, b'a').is_some() && rec.advance(&s, b'b').is_some());
     assert!(rec.advance(&s, b'c').is_none(), "`c` first leaves nothing to make two properties");
 }
+
+/// A required property whose every branch contradicts the object around it makes the schema
+/// admit nothing: an error at compile time, not a dead end while writing.
+#[test]
+fn unsatisfiable_required_members_are_found_at_compile_time() {
+    let schema = r#"{"type": "object", "required": ["d"], "properties": {"d": {
+        "type": "object", "required": ["a", "b"],
+        "oneOf": [{"not": {"required": ["a"]}}, {"not": {"required": ["b"]}}]}}}"#;
+    let e = compile_recognizer("json-schema", schema, "{}").err().expect("nothing fits");
+    assert!(e.message.contains("admits no value"), "{e:?}");
+    let arrays = r#"{"type": "array", "minItems": 4000000000, "items": {"type": "integer"}}"#;
+    assert!(compile_recognizer("json-schema", arrays, "{}").is_ok(), "a huge minItems is productive (and fast)");
+}
