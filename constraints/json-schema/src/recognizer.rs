@@ -992,6 +992,10 @@ impl SchemaRecognizer {
             }
             // Integers are written without a fraction: `1.0` is an integer to JSON Schema, but
             // not to every consumer (nor to the `jsonschema` crate).
+            // Under a whole `multipleOf` (`multipleOf: 1` on a number) only a zero fraction
+            // stays a multiple whatever follows: a nonzero digit would need an exponent large
+            // enough to shift it away, which the bounds usually forbid (a dead end).
+            (NUM_DOT | NUM_FRAC, _) if digit && b != b'0' && whole_multiple(n) => NumStep::Reject,
             (NUM_DOT | NUM_FRAC, _) if digit => {
                 let k = frac.saturating_add(1);
                 let nv = v + d * 10f64.powi(-(k as i32));
@@ -1005,7 +1009,9 @@ impl SchemaRecognizer {
             // inside them: a non-negative exponent only grows the magnitude, a negative one
             // only shrinks it.
             (NUM_E, b'+') if !(tracked && grows_past(n, neg, v)) => frame(NUM_ESIGN, neg, v, frac, 0, false),
-            (NUM_E, b'-') if !(tracked && shrinks_past(n, neg, v)) => frame(NUM_ESIGN, neg, v, frac, 0, true),
+            (NUM_E, b'-') if !(tracked && shrinks_past(n, neg, v)) && !whole_multiple(n) => {
+                frame(NUM_ESIGN, neg, v, frac, 0, true)
+            }
             // At most two exponent digits (untracked) so that every number stays finite.
             (NUM_E | NUM_ESIGN | NUM_EXP, _) if digit && (tracked || phase != NUM_EXP || exp < 1) => {
                 let e = if tracked {
@@ -1050,6 +1056,11 @@ enum NumStep {
 /// Whether an integer part `v` (sign `neg`) can still be completed, by more digits (and, for
 /// non-integers, a fraction), into a value within the bounds: the completions with `j` more
 /// digits span `[v·10^j, (v+1)·10^j)`.
+/// Whether a number node's `multipleOf` is a whole number (its values are integers).
+fn whole_multiple(n: &crate::graph::NumberNode) -> bool {
+    n.multiple_of.is_some_and(|m| m >= 1.0 && m.fract() == 0.0)
+}
+
 /// The bounds of an integer node as inclusive integers (`exclusiveMinimum: -1` is `>= 0`).
 fn integer_bounds(n: &crate::graph::NumberNode) -> (Option<f64>, Option<f64>) {
     let lo = n.min.map(|(m, excl)| if excl { m.floor() + 1.0 } else { m.ceil() });

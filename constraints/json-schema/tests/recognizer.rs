@@ -193,3 +193,21 @@ fn unsatisfiable_required_members_are_found_at_compile_time() {
     let arrays = r#"{"type": "array", "minItems": 4000000000, "items": {"type": "integer"}}"#;
     assert!(compile_recognizer("json-schema", arrays, "{}").is_ok(), "a huge minItems is productive (and fast)");
 }
+
+/// `multipleOf: 1` on a number: a fraction may be written only as zeros (`5.0`), and no
+/// negative exponent, so that a walk cannot write a fraction no completion can cancel.
+#[test]
+fn whole_multiples_take_only_zero_fractions() {
+    let schema = r#"{"type": "number", "multipleOf": 1, "maximum": 100000}"#;
+    let (rec, _) = compile_recognizer("json-schema", schema, "{}").unwrap();
+    assert!(rec.matches(b"5023"));
+    assert!(rec.matches(b"5023.0"));
+    assert!(!rec.matches(b"5023.4"));
+    assert!(!rec.matches(b"50e-1"), "negative exponents are not offered");
+    use dspark_guest::Recognizer;
+    let mut s = rec.start();
+    for &b in b"5023." {
+        s = rec.advance(&s, b).unwrap();
+    }
+    assert!(rec.advance(&s, b'4').is_none() && rec.advance(&s, b'0').is_some());
+}
