@@ -1009,7 +1009,7 @@ impl SchemaRecognizer {
             // inside them: a non-negative exponent only grows the magnitude, a negative one
             // only shrinks it.
             (NUM_E, b'+') if !(tracked && grows_past(n, neg, v)) => frame(NUM_ESIGN, neg, v, frac, 0, false),
-            (NUM_E, b'-') if !(tracked && shrinks_past(n, neg, v)) && !whole_multiple(n) => {
+            (NUM_E, b'-') if !(whole_multiple(n) || tracked && shrinks_past(n, neg, v)) => {
                 frame(NUM_ESIGN, neg, v, frac, 0, true)
             }
             // At most two exponent digits (untracked) so that every number stays finite.
