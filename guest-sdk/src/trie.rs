@@ -203,9 +203,27 @@ impl TokenTrie {
         &self,
         start: &S,
         stack: &mut Vec<S>,
+        step: impl FnMut(&S, u8) -> Option<S>,
+        on_token: impl FnMut(u32),
+    ) {
+        self.walk_looping(start, stack, step, |_, _| false, on_token);
+    }
+
+    /// [`Self::walk`] with a shortcut for states that repeat (a lazily built DFA's): where the
+    /// state after a node's byte loops on every byte below that node
+    /// (`loops_on(state, classes)`: the state steps to itself on every byte of those
+    /// [`byte_class`]es), the whole subtree is accepted without stepping through it. Inside
+    /// an identifier or a string most of the vocabulary is such subtrees.
+    pub fn walk_looping<S: Clone>(
+        &self,
+        start: &S,
+        stack: &mut Vec<S>,
         mut step: impl FnMut(&S, u8) -> Option<S>,
+        mut loops_on: impl FnMut(&S, u64) -> bool,
         mut on_token: impl FnMut(u32),
     ) {
+        /// Below this many nodes a subtree is cheaper to walk than to check.
+        const MIN_SUBTREE: u32 = 4;
         stack.clear();
         stack.push(start.clone());
         let mut i = 1;
@@ -215,43 +233,7 @@ impl TokenTrie {
             let depth = node.depth as usize;
             match step(&stack[depth - 1], node.byte) {
                 Some(next) => {
-                    stack.truncate(depth);
-                    stack.push(next);
-                    for &t in &self.node_tokens[node.tokens_start as usize..node.tokens_end as usize] {
-                        on_token(t);
-                    }
-                    i += 1;
-                }
-                None => i = node.subtree_end as usize,
-            }
-        }
-    }
-
-    /// [`Self::walk`] for states that are small ids (a lazily built DFA's), with a shortcut:
-    /// where the state after a node's byte loops on every byte below that node
-    /// (`loops_on(state, classes)`: the state steps to itself on every byte of those
-    /// [`byte_class`]es), the whole subtree is accepted without stepping through it. Inside
-    /// an identifier or a string most of the vocabulary is such subtrees.
-    pub fn walk_looping(
-        &self,
-        start: u32,
-        stack: &mut Vec<u32>,
-        mut step: impl FnMut(u32, u8) -> Option<u32>,
-        mut loops_on: impl FnMut(u32, u64) -> bool,
-        mut on_token: impl FnMut(u32),
-    ) {
-        /// Below this many nodes a subtree is cheaper to walk than to check.
-        const MIN_SUBTREE: u32 = 4;
-        stack.clear();
-        stack.push(start);
-        let mut i = 1;
-        let n = self.nodes.len();
-        while i < n {
-            let node = self.nodes[i];
-            let depth = node.depth as usize;
-            match step(stack[depth - 1], node.byte) {
-                Some(next) => {
-                    if node.subtree_end - i as u32 > MIN_SUBTREE && loops_on(next, node.below) {
+                    if node.subtree_end - i as u32 > MIN_SUBTREE && loops_on(&next, node.below) {
                         let end = node.subtree_end as usize;
                         let last = if end < n { self.nodes[end].tokens_start } else { self.node_tokens.len() as u32 };
                         for &t in &self.node_tokens[node.tokens_start as usize..last as usize] {
@@ -352,21 +334,21 @@ mod tests {
         let tokens = ["abc", "abcd", "abcde", "abcdef", "ab(", "abz9", "a", "abcdefgh", "abc_d", "x", "ab", "abcdd"];
         let t = trie(&tokens);
         // State 0: start; 1: after `a`; 2: inside [a-z]* after `ab` (loops on letters).
-        let step = |s: u32, b: u8| match (s, b) {
+        let step = |&s: &u32, b: u8| match (s, b) {
             (0, b'a') => Some(1),
             (1, b'b') => Some(2),
             (2, b'a'..=b'z') => Some(2),
             _ => None,
         };
         let mut plain = Vec::new();
-        t.walk(&0u32, &mut Vec::new(), |&s, b| step(s, b), |id| plain.push(id));
+        t.walk(&0u32, &mut Vec::new(), step, |id| plain.push(id));
         let mut looping = Vec::new();
         let mut checks = 0;
-        let loops_on = |s: u32, classes: u64| {
+        let loops_on = |&s: &u32, classes: u64| {
             checks += 1;
             s == 2 && classes & !(1u64 << byte_class(b'a')) == 0
         };
-        t.walk_looping(0, &mut Vec::new(), step, loops_on, |id| looping.push(id));
+        t.walk_looping(&0, &mut Vec::new(), step, loops_on, |id| looping.push(id));
         plain.sort();
         looping.sort();
         assert_eq!(plain, vec![0, 1, 2, 3, 6, 7, 10, 11]);

@@ -102,10 +102,10 @@ impl<S: Clone> StateTable<S> {
             let mut stack = Vec::new();
             let cell = std::cell::RefCell::new(&mut *self);
             trie.walk_looping(
-                first,
+                &first,
                 &mut stack,
-                |w, b| cell.borrow_mut().step(rec, w, b),
-                |w, classes| cell.borrow_mut().loops_on(rec, w, classes),
+                |&w, b| cell.borrow_mut().step(rec, w, b),
+                |&w, classes| cell.borrow_mut().loops_on(rec, w, classes),
                 |t| set.insert(t),
             );
         }

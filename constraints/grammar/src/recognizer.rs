@@ -289,57 +289,13 @@ impl GrammarRecognizer {
         dfa.is_match_state(dfa.next_eoi_state(StateID::new_unchecked(s as usize)))
     }
 
-    /// Feeds `b` to configuration `c`, pushing the results into `out`.
+    /// Feeds `b` to configuration `c`, pushing the results into `out`: its expansions
+    /// ([`Self::expand`]), each scanned with the byte.
     fn step(&self, c: Config, b: u8, out: &mut Vec<(u64, Config)>, budget: &mut u32) {
-        if *budget == 0 {
-            return;
-        }
-        *budget -= 1;
-        match c.top {
-            Frame::Tok { t, s } => self.step_token(&c, t, s, false, b, out, budget),
-            Frame::Ignore { s } => {
-                if let Some(i) = self.g.ignore {
-                    self.step_token(&c, i, s, true, b, out, budget);
-                }
-            }
-            Frame::Sym { alt, pos } => {
-                let syms = &self.g.alts[alt as usize];
-                let pos = pos as usize;
-                if pos == syms.len() {
-                    if let Some(p) = c.pop() {
-                        self.step(p, b, out, budget);
-                    }
-                    return;
-                }
-                // What the caller resumes with: the next symbol, or (a tail call) its caller.
-                let rest = if pos + 1 == syms.len() {
-                    c.pop()
-                } else {
-                    Some(c.with_top(Frame::Sym { alt, pos: pos as u32 + 1 }))
-                };
-                let Some(rest) = rest else { return };
-                match syms[pos] {
-                    Sym::N(n) => {
-                        for &a in &self.g.nonterms[n as usize].alts {
-                            self.step(rest.push(Frame::Sym { alt: a, pos: 0 }), b, out, budget);
-                        }
-                    }
-                    Sym::T(t) => {
-                        let start = self.g.dfas[t as usize].start;
-                        self.step(rest.push(Frame::Tok { t, s: start }), b, out, budget);
-                        if let Some(i) = self.g.ignore {
-                            let start = self.g.dfas[i as usize].start;
-                            self.step(c.push(Frame::Ignore { s: start }), b, out, budget);
-                        }
-                    }
-                }
-            }
-            Frame::End => {
-                if let Some(i) = self.g.ignore {
-                    let start = self.g.dfas[i as usize].start;
-                    self.step(c.push(Frame::Ignore { s: start }), b, out, budget);
-                }
-            }
+        let mut expanded = Vec::new();
+        self.expand(c, &mut expanded, budget);
+        for (_, e) in &expanded {
+            self.scan(e, b, out, budget);
         }
     }
 
@@ -415,7 +371,8 @@ impl GrammarRecognizer {
                     self.step_token(c, i, s, true, b, out, budget);
                 }
             }
-            Frame::Sym { .. } | Frame::End => self.step(c.clone(), b, out, budget),
+            // `expand` leaves only terminal tops; anything else has nothing to scan.
+            Frame::Sym { .. } | Frame::End => {}
         }
     }
 
@@ -715,10 +672,10 @@ impl Recognizer for GrammarRecognizer {
         // Both closures step the one table; a cell lends it to each in turn.
         let cell = std::cell::RefCell::new(&mut *walks);
         table.trie().walk_looping(
-            first,
+            &first,
             &mut stack,
-            |w, b| cell.borrow_mut().next(self, w, b),
-            |w, classes| cell.borrow_mut().loops_on(self, w, classes),
+            |&w, b| cell.borrow_mut().next(self, w, b),
+            |&w, classes| cell.borrow_mut().loops_on(self, w, classes),
             |t| set.insert(t),
         );
         if walks.overflowed {
