@@ -34,7 +34,7 @@ pub use bitset::TokenSet;
 pub use recognizer::{MAX_FORCED_BYTES, MaskCache, Recognizer, RecognizerConstraint, RecognizerMatcher};
 pub use table::{TokenTable, Tokenize, TokenizeFn};
 pub use trie::{BYTE_CLASSES, NON_ASCII_CLASSES, TokenTrie, UTF8_WHOLE, Utf8Step, byte_class, class_bytes};
-pub use walk::{MAX_TABLE_STATES, StateTable, Steps};
+pub use walk::{ClassLoops, MAX_TABLE_STATES, StateTable, Steps};
 
 /// Exports a [`Plugin`] type (which must implement `Default`) as the component's
 /// `dspark:constraint/constraint` interface. Expands to nothing when not building for wasm,

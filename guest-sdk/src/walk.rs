@@ -41,6 +41,36 @@ impl<R: Recognizer> Steps for R {
     }
 }
 
+/// What is known of the byte classes a state loops on (steps to itself on every byte of).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClassLoops {
+    known: u64,
+    looping: u64,
+}
+
+impl ClassLoops {
+    /// Whether the state loops on every class in `classes`, asking `to_self(byte)` (does the
+    /// byte step the state to itself?) for the classes not known yet and remembering the
+    /// answers.
+    pub fn check(&mut self, classes: u64, mut to_self: impl FnMut(u8) -> bool) -> bool {
+        if classes & self.known & !self.looping != 0 {
+            return false;
+        }
+        let mut unknown = classes & !self.known;
+        while unknown != 0 {
+            let class = unknown.trailing_zeros();
+            unknown &= unknown - 1;
+            let loops = class_bytes(class).all(&mut to_self);
+            self.known |= 1 << class;
+            if !loops {
+                return false;
+            }
+            self.looping |= 1 << class;
+        }
+        true
+    }
+}
+
 const UNKNOWN: u32 = u32::MAX;
 const DEAD: u32 = u32::MAX - 1;
 
@@ -55,9 +85,8 @@ pub struct StateTable<S> {
     ids: KeyMap<u32>,
     /// `states.len() * 256` transitions: a state id, [`DEAD`] or [`UNKNOWN`].
     next: Vec<u32>,
-    /// Per state: the byte classes checked so far, and those on every byte of which the state
-    /// steps to itself.
-    loops: Vec<(u64, u64)>,
+    /// Per state: the byte classes it is known to loop on, or not.
+    loops: Vec<ClassLoops>,
     /// Per state, once known: whether it steps back to itself over every multi-byte UTF-8
     /// character, alive inside each.
     utf8: Vec<Option<bool>>,
@@ -130,7 +159,7 @@ impl<S: Clone> StateTable<S> {
         let id = self.states.len() as u32;
         self.states.push(state);
         self.next.resize(self.next.len() + 256, UNKNOWN);
-        self.loops.push((0, 0));
+        self.loops.push(ClassLoops::default());
         self.utf8.push(None);
         self.ids.insert(key, id);
         id
@@ -163,27 +192,10 @@ impl<S: Clone> StateTable<S> {
         if classes & NON_ASCII_CLASSES != 0 && (classes & UTF8_WHOLE == 0 || !self.loops_over_utf8(rec, w)) {
             return false;
         }
-        let classes = classes & !(NON_ASCII_CLASSES | UTF8_WHOLE);
-        let (known, looping) = self.loops[w as usize];
-        if classes & known & !looping != 0 {
-            return false;
-        }
-        let mut unknown = classes & !known;
-        while unknown != 0 {
-            let class = unknown.trailing_zeros();
-            unknown &= unknown - 1;
-            let loops = class_bytes(class).all(|b| self.step(rec, w, b) == Some(w));
-            if self.overflowed {
-                return false;
-            }
-            let entry = &mut self.loops[w as usize];
-            entry.0 |= 1 << class;
-            if !loops {
-                return false;
-            }
-            entry.1 |= 1 << class;
-        }
-        true
+        let mut known = self.loops[w as usize];
+        let loops = known.check(classes & !(NON_ASCII_CLASSES | UTF8_WHOLE), |b| self.step(rec, w, b) == Some(w));
+        self.loops[w as usize] = known;
+        loops && !self.overflowed
     }
 
     /// Whether `w` comes back to itself after every multi-byte UTF-8 character and stays

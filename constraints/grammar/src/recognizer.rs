@@ -22,7 +22,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use dspark_guest::key::KeyMap;
-use dspark_guest::{NON_ASCII_CLASSES, Recognizer, TokenSet, TokenTable, UTF8_WHOLE, Utf8Step, class_bytes, key};
+use dspark_guest::{ClassLoops, NON_ASCII_CLASSES, Recognizer, TokenSet, TokenTable, UTF8_WHOLE, Utf8Step, key};
 use regex_automata::dfa::Automaton;
 use regex_automata::util::primitives::StateID;
 
@@ -703,9 +703,8 @@ struct WalkTable {
     ids: KeyMap<Vec<u32>>,
     /// `walks.len() * 256` transitions: a walk state id, [`DEAD`] or [`UNKNOWN`].
     next: Vec<u32>,
-    /// Per walk state: the byte classes checked so far, and those of them on every byte of
-    /// which the state steps to itself.
-    loops: Vec<(u64, u64)>,
+    /// Per walk state: the byte classes it is known to loop on, or not.
+    loops: Vec<ClassLoops>,
     /// Per walk state, once known: [`Self::loops_over_utf8`].
     utf8_loops: Vec<Option<bool>>,
     /// [`GrammarRecognizer::dfa_loops_over_utf8`] by terminal and DFA state.
@@ -749,7 +748,7 @@ impl WalkTable {
         let id = self.walks.len() as u32;
         self.walks.push(walk);
         self.next.resize(self.next.len() + 256, UNKNOWN);
-        self.loops.push((0, 0));
+        self.loops.push(ClassLoops::default());
         self.utf8_loops.push(None);
         self.ids.entry(key).or_default().push(id);
         id
@@ -764,24 +763,10 @@ impl WalkTable {
                 return false;
             }
         }
-        let classes = classes & !(NON_ASCII_CLASSES | UTF8_WHOLE);
-        let (known, looping) = self.loops[w as usize];
-        if classes & known & !looping != 0 {
-            return false;
-        }
-        let mut unknown = classes & !known;
-        while unknown != 0 {
-            let class = unknown.trailing_zeros();
-            unknown &= unknown - 1;
-            let loops = class_bytes(class).all(|b| self.next(rec, w, b) == Some(w));
-            let entry = &mut self.loops[w as usize];
-            entry.0 |= 1 << class;
-            if !loops {
-                return false;
-            }
-            entry.1 |= 1 << class;
-        }
-        true
+        let mut known = self.loops[w as usize];
+        let loops = known.check(classes & !(NON_ASCII_CLASSES | UTF8_WHOLE), |b| self.next(rec, w, b) == Some(w));
+        self.loops[w as usize] = known;
+        loops
     }
 
     /// Whether every token group of walk state `w` steps from its DFA state back to it over
