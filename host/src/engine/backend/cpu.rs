@@ -480,33 +480,50 @@ fn attend<T: KvElement>(
     let scale = 1.0 / (head_dim as f32).sqrt();
     let mut out = vec![0f32; q.rows * q.cols];
     out.par_chunks_mut(head_dim).enumerate().for_each_init(
-        || (Vec::<f32>::new(), vec![0f32; head_dim]),
-        |(scores, buffer), (index, out)| {
+        || (Vec::<f32>::new(), Vec::<usize>::new(), vec![0f32; head_dim]),
+        |(scores, offsets, buffer), (index, out)| {
             let (row, head) = (index / heads.heads, index % heads.heads);
             let kv_head = head / group;
             let seq = &batch.seqs[row_seq[row]];
-            let position = batch.positions[row] as usize;
+            let keys_seen = batch.positions[row] as usize + 1;
             let query = &q.data[row * q.cols + head * head_dim..][..head_dim];
-            let offset = |j: usize| {
-                let slot = seq.block_table[j / block_size] as usize * block_size + j % block_size;
-                slot * kv_width + kv_head * head_dim
-            };
+            // Where each cached position's key and value start, block by block (no division
+            // per key).
+            offsets.clear();
+            for (b, &block) in seq.block_table.iter().enumerate() {
+                let first = b * block_size;
+                if first >= keys_seen {
+                    break;
+                }
+                let base = block as usize * block_size;
+                offsets.extend(
+                    (base..base + block_size.min(keys_seen - first)).map(|slot| slot * kv_width + kv_head * head_dim),
+                );
+            }
+            debug_assert!(offsets.iter().all(|&o| o + head_dim <= keys.len()));
             scores.clear();
-            let mut max = f32::NEG_INFINITY;
             // Every row is computed as if it were decoded alone: the same numbers whether it
             // comes in a prefill chunk, a fast-forward chunk or a decode step.
-            let horizontal = position < HORIZONTAL_MAX_KEYS;
-            for j in 0..=position {
-                let key = &keys[offset(j)..][..head_dim];
-                let score = T::dot(query, key, horizontal, buffer) * scale;
-                max = max.max(score);
-                scores.push(score);
+            let horizontal = keys_seen <= HORIZONTAL_MAX_KEYS;
+            let mut groups = offsets.chunks_exact(8);
+            for eight in &mut groups {
+                // SAFETY: the offsets lie in the cache (the block table was checked against it).
+                match unsafe { simd::scores8(query, keys, eight, horizontal) } {
+                    Some(dots) => scores.extend(dots.iter().map(|d| d * scale)),
+                    None => scores.extend(
+                        eight.iter().map(|&o| T::dot(query, &keys[o..][..head_dim], horizontal, buffer) * scale),
+                    ),
+                }
             }
+            for &o in groups.remainder() {
+                scores.push(T::dot(query, &keys[o..][..head_dim], horizontal, buffer) * scale);
+            }
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             for s in scores.iter_mut() {
                 *s = (*s - max).exp();
             }
             let total = lane_sum(scores);
-            let weighted = scores.iter().enumerate().map(|(j, &w)| (w / total, &values[offset(j)..][..head_dim]));
+            let weighted = scores.iter().zip(offsets.iter()).map(|(&w, &o)| (w / total, &values[o..][..head_dim]));
             // SAFETY: `weighted_sum` checks the build's features and the head size itself.
             if !unsafe { simd::weighted_sum(weighted.clone(), out) } {
                 for (weight, value) in weighted {
@@ -651,6 +668,97 @@ mod simd {
             sum
         }
 
+        /// `r` transposed: lane `k` of row `l` of the result is lane `l` of `r[k]`.
+        #[inline(always)]
+        unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            [
+                _mm256_permute2f128_ps::<0x20>(s0, s4),
+                _mm256_permute2f128_ps::<0x20>(s1, s5),
+                _mm256_permute2f128_ps::<0x20>(s2, s6),
+                _mm256_permute2f128_ps::<0x20>(s3, s7),
+                _mm256_permute2f128_ps::<0x31>(s0, s4),
+                _mm256_permute2f128_ps::<0x31>(s1, s5),
+                _mm256_permute2f128_ps::<0x31>(s2, s6),
+                _mm256_permute2f128_ps::<0x31>(s3, s7),
+            ]
+        }
+
+        /// [`horizontal_dot`] or [`lane_dot`] of `a` with the eight keys at `offsets` in
+        /// `keys`, bit for bit, eight keys at a time: the per-key accumulators are
+        /// independent chains, and the final reductions run across keys after a transpose
+        /// (lane `k` of every step is key `k`'s scalar step).
+        ///
+        /// # Safety
+        /// `a.len()` is a multiple of 8; every key `keys[o..o + a.len()]` is in bounds.
+        pub unsafe fn scores8<T: Load8 + Copy>(a: &[f32], keys: &[T], offsets: &[usize], horizontal: bool) -> [f32; 8] {
+            let k = a.len();
+            // SAFETY: the caller's promise: every load reads 8 elements inside `a` or a key.
+            unsafe {
+                let key = |i: usize| keys.as_ptr().add(offsets[i]);
+                let reduced = if horizontal {
+                    let mut acc = [_mm256_setzero_ps(); 8];
+                    let mut at = 0;
+                    while at < k {
+                        let q = _mm256_loadu_ps(a.as_ptr().add(at));
+                        for (i, v) in acc.iter_mut().enumerate() {
+                            *v = _mm256_fmadd_ps(q, T::load8(key(i).add(at)), *v);
+                        }
+                        at += 8;
+                    }
+                    // Per key: x_l = l_l + l_{l+4}, then (x_0 + x_2) + (x_1 + x_3).
+                    let t = transpose8(acc);
+                    let x: [__m256; 4] = std::array::from_fn(|l| _mm256_add_ps(t[l], t[l + 4]));
+                    _mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3]))
+                } else {
+                    let mut per_key = [_mm256_setzero_ps(); 8];
+                    for (i, out) in per_key.iter_mut().enumerate() {
+                        let b = key(i);
+                        let mut depth = 0;
+                        let mut acc = [_mm256_setzero_ps(); 8];
+                        while depth + 64 <= k {
+                            for (j, v) in acc.iter_mut().enumerate() {
+                                let at = depth + 8 * j;
+                                *v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(at)), T::load8(b.add(at)), *v);
+                            }
+                            depth += 64;
+                        }
+                        let pair = |x: usize, y: usize| _mm256_add_ps(acc[x], acc[y]);
+                        let mut v =
+                            _mm256_add_ps(_mm256_add_ps(pair(0, 1), pair(2, 3)), _mm256_add_ps(pair(4, 5), pair(6, 7)));
+                        while depth + 8 <= k {
+                            v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(depth)), T::load8(b.add(depth)), v);
+                            depth += 8;
+                        }
+                        *out = v;
+                    }
+                    // Per key: the lanes summed in order.
+                    let t = transpose8(per_key);
+                    let mut sum = t[0];
+                    for lane in &t[1..] {
+                        sum = _mm256_add_ps(sum, *lane);
+                    }
+                    sum
+                };
+                lanes(reduced)
+            }
+        }
+
         /// `out += sum weight * value` over `N` vectors of 8, `out` in registers.
         #[inline(always)]
         pub unsafe fn weighted_sum<'a, T: Load8 + Copy + 'a, const N: usize>(
@@ -694,6 +802,39 @@ mod simd {
 
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
     pub use x86::{axpy, horizontal_dot, lane_dot};
+
+    /// The dot products of `a` with the eight keys at `offsets` in `keys`, each exactly as
+    /// [`horizontal_dot`] (or [`lane_dot`]) computes it alone; `None` where the build or the
+    /// head size (a multiple of 8) does not suit the vector kernel.
+    ///
+    /// # Safety
+    /// Every key `keys[o..o + a.len()]` is in bounds and `offsets` has 8 entries.
+    #[inline]
+    pub unsafe fn scores8<T: Load8 + Copy>(
+        a: &[f32],
+        keys: &[T],
+        offsets: &[usize],
+        horizontal: bool,
+    ) -> Option<[f32; 8]> {
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
+        {
+            if !a.len().is_multiple_of(8) || offsets.len() != 8 {
+                return None;
+            }
+            // SAFETY: checked above and the caller's promise.
+            Some(unsafe { x86::scores8(a, keys, offsets, horizontal) })
+        }
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma",
+            target_feature = "f16c"
+        )))]
+        {
+            let _ = (a, keys, offsets, horizontal);
+            None
+        }
+    }
 
     /// `out += sum_j weight_j * value_j`, in key order per element (the same fused
     /// multiply-adds as [`axpy`] key by key), with `out` held in registers across the keys.
@@ -838,6 +979,27 @@ mod tests {
                 assert_eq!(f32::dot(&q, &keys, horizontal, &mut buffer).to_bits(), scalar.to_bits(), "f32, k {k}");
                 let scalar = if horizontal { horizontal_dot(&q, &widened) } else { lane_dot(&q, &widened) };
                 assert_eq!(f16::dot(&q, &halves, horizontal, &mut buffer).to_bits(), scalar.to_bits(), "f16, k {k}");
+            }
+            if k.is_multiple_of(8) {
+                // Eight keys scattered in a cache, as the attention loop reads them.
+                let cache = values(k * 20, 3 * k as u32);
+                let halves: Vec<f16> = cache.iter().map(|&v| f16::from_f32(v)).collect();
+                let offsets: Vec<usize> = [19usize, 0, 7, 3, 12, 4, 18, 9].iter().map(|i| i * k).collect();
+                for horizontal in [true, false] {
+                    let expect = |key: &[f32]| if horizontal { horizontal_dot(&q, key) } else { lane_dot(&q, key) };
+                    if let Some(got) = unsafe { simd::scores8(&q, &cache, &offsets, horizontal) } {
+                        for (g, &o) in got.iter().zip(&offsets) {
+                            assert_eq!(g.to_bits(), expect(&cache[o..o + k]).to_bits(), "scores8 f32, k {k}");
+                        }
+                    }
+                    if let Some(got) = unsafe { simd::scores8(&q, &halves, &offsets, horizontal) } {
+                        for (g, &o) in got.iter().zip(&offsets) {
+                            let key: Vec<f32> = halves[o..o + k].iter().map(|h| h.to_f32()).collect();
+                            assert_eq!(g.to_bits(), expect(&key).to_bits(), "scores8 f16, k {k}");
+                        }
+                    }
+                }
+                assert_eq!(simd::AVAILABLE, unsafe { simd::scores8(&q, &cache, &offsets, true) }.is_some());
             }
             let (mut fast, mut slow) = (q.clone(), q.clone());
             f16::axpy(0.37, &halves, &mut fast, &mut buffer);

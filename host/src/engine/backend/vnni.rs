@@ -35,9 +35,12 @@ use half::f16;
 const BLOCK: usize = 32;
 /// Output columns side by side in the packed layout (one 512-bit lane each).
 const LANES: usize = 16;
-/// Rows multiplied per unpacked weight block (Q4_1; Q8_0 keeps 8 accumulators per row and
+/// Rows multiplied per unpacked weight block (Q5_0; Q8_0 keeps 8 accumulators per row and
 /// takes 2).
 const ROW_TILE: usize = 4;
+/// Rows per Q4_1 tile: 8 integer and 8 float accumulators fit the 32 vector registers beside
+/// the unpacked weights, and each unpacked block serves twice as many rows as with 4.
+const ROW_TILE_Q4: usize = 8;
 const ROW_TILE_Q8: usize = 2;
 
 /// A matrix repacked for one of the kernels.
@@ -110,7 +113,7 @@ impl Packed {
         }
         let addrs: Vec<usize> = outs.iter_mut().map(|o| o.as_mut_ptr() as usize).collect();
         let work = rows * k * q4.iter().map(|p| p.n).sum::<usize>();
-        for_each_tile(rows, groups, ROW_TILE, work, |r0, r1, g| {
+        for_each_tile(rows, groups, ROW_TILE_Q4, work, |r0, r1, g| {
             let i = first.partition_point(|&f| f <= g) - 1;
             // SAFETY: `supported()` was checked; each (row, group) output block of matrix `i`
             // is written by exactly one call, and the outputs outlive them all.
@@ -227,7 +230,7 @@ impl PackedQ4_1 {
         let y = Q8_1Rows::quantize(x, rows, self.k);
         let mut out = vec![0f32; rows * self.n];
         let out_addr = out.as_mut_ptr() as usize;
-        for_each_tile(rows, self.n / LANES, ROW_TILE, rows * self.n * self.k, |r0, r1, g| {
+        for_each_tile(rows, self.n / LANES, ROW_TILE_Q4, rows * self.n * self.k, |r0, r1, g| {
             // SAFETY: `supported()` was checked; each (row, group) output block is written by
             // exactly one call, and `out` outlives them all.
             unsafe { self.tile(&y, r0, r1, g, out_addr as *mut f32) }
@@ -235,46 +238,69 @@ impl PackedQ4_1 {
         Some(out)
     }
 
-    /// Outputs of group `g` for rows `r0..r1` (at most [`ROW_TILE`]).
+    /// Outputs of group `g` for rows `r0..r1` (at most [`ROW_TILE_Q4`]).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn tile(&self, y: &Q8_1Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
-        use std::arch::x86_64::*;
-        let nibble = _mm512_set1_epi8(0x0F);
-        let mut acc = [_mm512_setzero_ps(); ROW_TILE];
-        let rows = r1 - r0;
-        for b in 0..self.blocks {
-            let gb = g * self.blocks + b;
-            // Two integer accumulators per row (low and high nibbles), added at the end:
-            // integer sums are exact in any order, and two chains keep `vpdpbusd` busy.
-            let mut lo_sums = [_mm512_setzero_si512(); ROW_TILE];
-            let mut hi_sums = [_mm512_setzero_si512(); ROW_TILE];
-            for j in 0..4 {
-                // SAFETY: `qs` holds 256 bytes per (group, block); j < 4.
-                let w = unsafe { _mm512_loadu_si512(self.qs.as_ptr().add(gb * 256 + j * 64).cast()) };
-                let lo = _mm512_and_si512(w, nibble);
-                let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
-                for t in 0..rows {
-                    let words = &y.words[((r0 + t) * y.blocks + b) * 8..][..8];
-                    lo_sums[t] = _mm512_dpbusd_epi32(lo_sums[t], lo, _mm512_set1_epi32(words[j]));
-                    hi_sums[t] = _mm512_dpbusd_epi32(hi_sums[t], hi, _mm512_set1_epi32(words[4 + j]));
-                }
-            }
-            let sums: [__m512i; ROW_TILE] = std::array::from_fn(|t| _mm512_add_epi32(lo_sums[t], hi_sums[t]));
-            // SAFETY: `d` and `m` hold 16 values per (group, block).
-            let (dx, mx) = unsafe {
-                (_mm512_loadu_ps(self.d.as_ptr().add(gb * LANES)), _mm512_loadu_ps(self.m.as_ptr().add(gb * LANES)))
-            };
-            for t in 0..rows {
-                let at = (r0 + t) * y.blocks + b;
-                let p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums[t]), dx), _mm512_set1_ps(y.d[at]));
-                let q = _mm512_mul_ps(mx, _mm512_set1_ps(y.s[at]));
-                acc[t] = _mm512_add_ps(acc[t], _mm512_add_ps(p, q));
+        // A fixed row count keeps every accumulator in a register.
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            match r1 - r0 {
+                1 => self.tile_rows::<1>(y, r0, g, out),
+                2 => self.tile_rows::<2>(y, r0, g, out),
+                3 => self.tile_rows::<3>(y, r0, g, out),
+                4 => self.tile_rows::<4>(y, r0, g, out),
+                5 => self.tile_rows::<5>(y, r0, g, out),
+                6 => self.tile_rows::<6>(y, r0, g, out),
+                7 => self.tile_rows::<7>(y, r0, g, out),
+                _ => self.tile_rows::<8>(y, r0, g, out),
             }
         }
-        for (t, a) in acc.iter().enumerate().take(rows) {
-            // SAFETY: row r0 + t < rows of the output, columns g*16..g*16+16 < n.
-            unsafe { _mm512_storeu_ps(out.add((r0 + t) * self.n + g * LANES), *a) };
+    }
+
+    /// [`Self::tile`] for `R` rows from `r0`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn tile_rows<const R: usize>(&self, y: &Q8_1Rows, r0: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        debug_assert!(R <= ROW_TILE_Q4 && (r0 + R) * y.blocks * 8 <= y.words.len() && y.blocks == self.blocks);
+        let nibble = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); R];
+        // SAFETY (every access below): `qs` holds 256 bytes and `d`, `m` 16 values per
+        // (group, block), g < n / 16; rows r0..r0 + R of `y` exist (the caller's promise) with
+        // 8 words, one scale and one sum per block.
+        unsafe {
+            let qs = self.qs.as_ptr().add(g * self.blocks * 256);
+            let (d, m) = (self.d.as_ptr().add(g * self.blocks * LANES), self.m.as_ptr().add(g * self.blocks * LANES));
+            let words = y.words.as_ptr().add(r0 * y.blocks * 8);
+            let (yd, ys) = (y.d.as_ptr().add(r0 * y.blocks), y.s.as_ptr().add(r0 * y.blocks));
+            for b in 0..self.blocks {
+                // One integer accumulator per row: integer sums are exact in any order, and
+                // the rows' chains are independent.
+                let mut sums = [_mm512_setzero_si512(); R];
+                for j in 0..4 {
+                    let w = _mm512_loadu_si512(qs.add(b * 256 + j * 64).cast());
+                    let lo = _mm512_and_si512(w, nibble);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
+                    for (t, sum) in sums.iter_mut().enumerate() {
+                        let row = words.add((t * y.blocks + b) * 8);
+                        *sum = _mm512_dpbusd_epi32(*sum, lo, _mm512_set1_epi32(*row.add(j)));
+                        *sum = _mm512_dpbusd_epi32(*sum, hi, _mm512_set1_epi32(*row.add(4 + j)));
+                    }
+                }
+                let (dx, mx) = (_mm512_loadu_ps(d.add(b * LANES)), _mm512_loadu_ps(m.add(b * LANES)));
+                for (t, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
+                    let at = t * y.blocks + b;
+                    let p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), dx), _mm512_set1_ps(*yd.add(at)));
+                    let q = _mm512_mul_ps(mx, _mm512_set1_ps(*ys.add(at)));
+                    *a = _mm512_add_ps(*a, _mm512_add_ps(p, q));
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                // Row r0 + t < rows of the output, columns g*16..g*16+16 < n.
+                _mm512_storeu_ps(out.add((r0 + t) * self.n + g * LANES), *a);
+            }
         }
     }
 
@@ -681,7 +707,7 @@ mod tests {
             let q = QTensor::quantize(&w, dtype).unwrap();
             let packed = Packed::new(dtype, &q.data().unwrap(), n, k).unwrap();
             let reference = QMatMul::from_qtensor(q).unwrap();
-            for rows in [1usize, 2, 5, 8, 17] {
+            for rows in [1usize, 2, 5, 8, 11, 14, 17] {
                 let x = values(rows * k, rows as u64 * 31 + n as u64);
                 let input = Tensor::from_slice(&x, (rows, k), &Device::Cpu).unwrap();
                 let expected: Vec<f32> = reference.forward(&input).unwrap().flatten_all().unwrap().to_vec1().unwrap();

@@ -123,6 +123,9 @@ impl<B: Backend> Model<B> {
     /// Runs one forward pass: writes the batch's K/V to `cache` and returns the logits of the
     /// requested rows, row-major `[batch.logits_rows.len(), vocab_size]`.
     pub fn forward(&self, batch: &ForwardBatch, cache: &mut B::KvCache) -> anyhow::Result<Vec<f32>> {
-        self.decoder.forward(batch, cache)
+        // Run the pass on a worker of the thread pool, so that its parallel sections are
+        // forked from a worker (work stealing between spinning threads) and not injected from
+        // outside the pool (a futex wake-up and sleep per section).
+        rayon::scope(|_| self.decoder.forward(batch, cache))
     }
 }
