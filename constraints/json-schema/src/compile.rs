@@ -725,7 +725,15 @@ impl<'a> Compiler<'a> {
         }
         let types = self.types(map, ptr)?;
         if let Some(vs) = values {
-            let fitting: Vec<&Value> = vs.iter().filter(|v| types.iter().any(|t| type_matches(t, v))).collect();
+            // A value must also satisfy the keywords beside `enum`/`const` (a `pattern`, bounds,
+            // the branches of an `anyOf` an `allOf` merged in, ...). Values the check cannot
+            // decide (objects and arrays under object or array keywords, `$ref`) are kept.
+            let mut fitting: Vec<&Value> = Vec::new();
+            for v in vs.iter().filter(|v| types.iter().any(|t| type_matches(t, v))) {
+                if self.admits(map, v, ptr)? != Some(false) {
+                    fitting.push(v);
+                }
+            }
             // Numbers compare by value (`1` equals `1.0`): each numeric value is a number node
             // bounded to exactly that value; everything else is a literal string of bytes.
             let mut alts: Vec<NodeId> = fitting
@@ -1187,6 +1195,115 @@ impl<'a> Compiler<'a> {
             return Ok(NEVER);
         }
         Ok(self.push(Node::String(StringNode { min_len, max_len, patterns })))
+    }
+
+    /// Whether literal `v` satisfies the keywords of `map` other than `enum`/`const` at this
+    /// level: `Some(true)`/`Some(false)`, or `None` where this check cannot decide (a `$ref`,
+    /// object or array keywords on an object or array value). Keywords of another type hold
+    /// vacuously, as JSON Schema says.
+    fn admits(&mut self, map: &Map<String, Value>, v: &Value, ptr: &str) -> Result<Option<bool>, ConstraintError> {
+        let mut verdict = Some(true);
+        // `Some(false)` decides; `None` only weakens a `Some(true)`.
+        let mut meet = |r: Option<bool>| match (verdict, r) {
+            (Some(false), _) | (_, Some(true)) => {}
+            (_, Some(false)) => verdict = Some(false),
+            (_, None) => verdict = None,
+        };
+        let number = v.as_f64();
+        let exclusive = |k: &str| matches!(map.get(k), Some(Value::Bool(true)));
+        for (k, x) in map {
+            match (k.as_str(), x) {
+                ("type", _) => {
+                    let types: Vec<&str> = match x {
+                        Value::String(t) => vec![t.as_str()],
+                        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+                        _ => continue,
+                    };
+                    meet(Some(types.iter().any(|t| type_matches(t, v) || (*t == "number" && v.is_number()))));
+                }
+                ("enum", Value::Array(values)) => meet(Some(values.iter().any(|w| json_eq(v, w)))),
+                ("const", c) => meet(Some(json_eq(v, c))),
+                ("pattern", Value::String(p)) => {
+                    if let Some(text) = v.as_str() {
+                        // A pattern the automata cannot take leaves the value undecided here.
+                        let d = self.dfa(p, true, &format!("{ptr}/pattern")).ok();
+                        meet(d.map(|d| self.dfa_matches(d, text.as_bytes())));
+                    }
+                }
+                ("format", Value::String(f)) => {
+                    if let (Some(text), Some((p, _))) = (v.as_str(), crate::formats::pattern(f)) {
+                        let d = self.dfa(&p, false, &format!("{ptr}/format")).ok();
+                        meet(d.map(|d| self.dfa_matches(d, text.as_bytes())));
+                    }
+                }
+                ("minLength" | "maxLength", n) => {
+                    if let (Some(text), Some(n)) = (v.as_str(), n.as_u64()) {
+                        let len = text.chars().count() as u64;
+                        meet(Some(if k == "minLength" { len >= n } else { len <= n }));
+                    }
+                }
+                ("minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum", bound) => {
+                    if let (Some(x), Some(b)) = (number, bound.as_f64()) {
+                        meet(Some(match k.as_str() {
+                            "minimum" if exclusive("exclusiveMinimum") => x > b,
+                            "minimum" => x >= b,
+                            "maximum" if exclusive("exclusiveMaximum") => x < b,
+                            "maximum" => x <= b,
+                            "exclusiveMinimum" => x > b,
+                            _ => x < b,
+                        }));
+                    }
+                }
+                ("multipleOf", m) => {
+                    if let (Some(x), Some(m)) = (number, m.as_f64())
+                        && m > 0.0
+                    {
+                        let q = x / m;
+                        meet(Some((q - q.round()).abs() <= 1e-9 * q.abs().max(1.0)));
+                    }
+                }
+                ("allOf" | "anyOf" | "oneOf", Value::Array(branches)) => {
+                    let mut results = Vec::with_capacity(branches.len());
+                    for (i, b) in branches.iter().enumerate() {
+                        results.push(match b {
+                            Value::Bool(b) => Some(*b),
+                            Value::Object(m) => self.admits(m, v, &format!("{ptr}/{k}/{i}"))?,
+                            _ => None,
+                        });
+                    }
+                    let yes = results.iter().filter(|r| **r == Some(true)).count();
+                    let unknown = results.iter().any(Option::is_none);
+                    meet(match k.as_str() {
+                        "allOf" if results.contains(&Some(false)) => Some(false),
+                        "allOf" if unknown => None,
+                        "allOf" => Some(true),
+                        "anyOf" if yes > 0 => Some(true),
+                        "anyOf" if unknown => None,
+                        "anyOf" => Some(false),
+                        _ if yes > 1 => Some(false),
+                        _ if unknown => None,
+                        _ => Some(yes == 1),
+                    });
+                }
+                ("not", n) => {
+                    let inner = match n {
+                        Value::Bool(b) => Some(*b),
+                        Value::Object(m) => self.admits(m, v, &format!("{ptr}/not"))?,
+                        _ => None,
+                    };
+                    meet(inner.map(|b| !b));
+                }
+                ("$ref" | "$dynamicRef" | "$recursiveRef" | "if", _) => meet(None),
+                // Object and array keywords constrain only objects and arrays.
+                (_, _) if v.is_object() || v.is_array() => {
+                    if !ANNOTATIONS.contains(&k.as_str()) && !k.starts_with("x-") {
+                        meet(None);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(verdict)
     }
 
     /// Whether pattern automaton `d` matches `text` whole (search patterns match anywhere).

@@ -117,3 +117,27 @@ fn conditionals_in_several_all_of_branches_each_apply() {
     let e = compile_recognizer("json-schema", &five, "{}").err().expect("too many conditions");
     assert_eq!(e.code, ErrorCode::Unsupported);
 }
+
+#[test]
+fn a_condition_on_an_enum_property_of_a_typed_object() {
+    // JSONSchemaBench Github_easy o4834: `c` has its own enum in `properties`.
+    let schema = r#"{"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "integer"},
+                       "c": {"type": "string", "enum": ["abc", "def", "ghi", "jkl"]}},
+        "if": {"properties": {"c": {"enum": ["ghi"]}}},
+        "then": {"required": ["a", "b", "c"]}, "else": {"required": ["a", "c"]}}"#;
+    assert!(accepts(schema, r#"{"a":"example string","b":123,"c":"ghi"}"#));
+    assert!(!accepts(schema, r#"{"a":"example string","c":"ghi"}"#), "`ghi` needs `b`");
+    assert!(accepts(schema, r#"{"a":"example string","c":"abc"}"#));
+    assert!(!accepts(schema, r#"{"a":"example string","b":123,"c":"ghj"}"#));
+}
+
+#[test]
+fn an_enum_meets_the_other_branches_keywords() {
+    let pattern = r#"{"allOf": [{"type": "string", "enum": ["abc", "ghi"]}, {"type": "string", "pattern": "^a"}]}"#;
+    assert!(accepts(pattern, r#""abc""#));
+    assert!(!accepts(pattern, r#""ghi""#), "`ghi` fails the pattern");
+    let any = r#"{"allOf": [{"type": "string", "enum": ["abc", "ghi"]}, {"anyOf": [{"type": "number"}, {"type": "string", "pattern": "^a"}]}]}"#;
+    assert!(accepts(any, r#""abc""#));
+    assert!(!accepts(any, r#""ghi""#), "`ghi` fails every branch");
+}

@@ -52,6 +52,9 @@ struct Stats {
     valid_rejected: usize,
     invalid_rejected: usize,
     invalid_accepted: usize,
+    /// Accepted invalid instances by the keywords the schema's warnings name (`none` where
+    /// the schema compiled without a warning: an exactness bug, not an approximation).
+    invalid_accepted_by_warning: BTreeMap<String, usize>,
     compile_ms: Vec<f64>,
     mask_us: Vec<f64>,
     tokens: usize,
@@ -63,6 +66,8 @@ struct Stats {
     trapped: Vec<String>,
     /// Some valid instances that were rejected.
     rejected: Vec<String>,
+    /// Some invalid instances accepted by a schema compiled without a warning.
+    accepted_unwarned: Vec<String>,
 }
 
 /// Files under `dir` ending in `.json`, sorted, recursively.
@@ -277,6 +282,11 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         };
         s.compile_ms.push(t0.elapsed().as_secs_f64() * 1e3);
         s.compiled += 1;
+        let mut warned: Vec<&str> =
+            compiled.warnings.iter().map(|(location, _)| location.rsplit('/').next().unwrap_or("")).collect();
+        warned.sort_unstable();
+        warned.dedup();
+        let warned = if warned.is_empty() { "none".to_string() } else { warned.join("+") };
         for (text, valid) in case.tests {
             let tokens = canonical.tokenize(text.as_bytes());
             let m = match inst.new_matcher(&compiled) {
@@ -316,7 +326,17 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                     }
                 }
                 (false, false) => s.invalid_rejected += 1,
-                (false, true) => s.invalid_accepted += 1,
+                (false, true) => {
+                    s.invalid_accepted += 1;
+                    *s.invalid_accepted_by_warning.entry(warned.clone()).or_default() += 1;
+                    if warned == "none" && s.accepted_unwarned.len() < 8 {
+                        s.accepted_unwarned.push(format!(
+                            "{}: {}",
+                            s.current,
+                            text.chars().take(160).collect::<String>()
+                        ));
+                    }
+                }
             }
             let _ = inst.drop_matcher(m);
         }
@@ -334,6 +354,7 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         "valid_rejected": s.valid_rejected,
         "invalid_rejected": s.invalid_rejected,
         "invalid_accepted": s.invalid_accepted,
+        "invalid_accepted_by_warning": s.invalid_accepted_by_warning,
         "compile_ms": compile_ms,
         "mask_us": mask_us,
         "ff_share": round3(ff_share),
@@ -355,6 +376,10 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             pct(s.valid_accepted, valid)
         );
         println!("invalid instances  rejected {} accepted {}", s.invalid_rejected, s.invalid_accepted);
+        println!("  accepted under   {}", serde_json::to_string(&report["invalid_accepted_by_warning"])?);
+        for a in &s.accepted_unwarned {
+            println!("  accepted, no warning {a}");
+        }
         println!("compile ms         {}", serde_json::to_string(&report["compile_ms"])?);
         println!("mask µs            {}", serde_json::to_string(&report["mask_us"])?);
         println!("masks timed        {}", s.mask_us.len());
