@@ -684,9 +684,20 @@ impl<'a> Compiler<'a> {
                     };
                     // A branch with `$ref` stays a reference (memoised), so a recursive
                     // schema (`anyOf: [{$ref: "#"}, ...]`) becomes a cycle, not an expansion.
-                    let merged = if branch.contains_key("$ref") {
+                    let merged = if let Some(r) = branch.get("$ref") {
                         let mut m = base.clone();
-                        m.extend(branch);
+                        if self.legacy_ref {
+                            // Drafts 4-7 ignore the branch's own siblings of `$ref`, not the
+                            // keywords beside the `anyOf`.
+                            m.insert("$ref".into(), r.clone());
+                        } else {
+                            m.extend(branch);
+                        }
+                        let has_siblings = m.keys().any(|k| HANDLED.contains(&k.as_str()) && k != "$ref");
+                        if has_siblings {
+                            alts.push(self.merged_reference(&m, &bptr)?);
+                            continue;
+                        }
                         m
                     } else {
                         let flat = self.flatten(&branch, &bptr, 0)?;

@@ -141,3 +141,19 @@ fn an_enum_meets_the_other_branches_keywords() {
     assert!(accepts(any, r#""abc""#));
     assert!(!accepts(any, r#""ghi""#), "`ghi` fails every branch");
 }
+
+#[test]
+fn keywords_beside_an_any_of_apply_to_its_ref_branches_in_draft_4() {
+    // JSONSchemaBench JsonSchemaStore resjson: `minProperties` beside `anyOf: [.., {$ref}]`.
+    let schema = r##"{"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+        "additionalProperties": {"minProperties": 1, "anyOf": [{"type": "string"}, {"$ref": "#/definitions/resource"}]},
+        "definitions": {"resource": {"type": "object",
+            "additionalProperties": {"minProperties": 1, "anyOf": [{"type": "string"}, {"$ref": "#/definitions/resource"}]}}}}"##;
+    assert!(accepts(schema, r#"{"a":"x","b":{"c":"y","d":{"e":"z"}}}"#));
+    assert!(!accepts(schema, r#"{"a":"x","b":{"c":"y","d":{}}}"#), "an empty resource");
+    assert!(!accepts(schema, r#"{"a":{}}"#));
+    // The branch's own siblings of `$ref` are still ignored under draft 4.
+    let own = r##"{"$schema": "http://json-schema.org/draft-04/schema#",
+        "anyOf": [{"$ref": "#/definitions/s", "maxLength": 1}], "definitions": {"s": {"type": "string"}}}"##;
+    assert!(accepts(own, r#""long""#));
+}
