@@ -320,6 +320,9 @@ pub struct SchemaRecognizer {
     /// The states mask walks met, tabulated (see [`StateTable`]), for the configurations that
     /// take no in-string fast path.
     walks: Mutex<StateTable<State>>,
+    /// The vocabulary's tokens by character count, longest first (for [`Self::content_class`]
+    /// under a length bound), made on first use.
+    long_tokens: std::sync::OnceLock<Vec<(u32, u32)>>,
 }
 
 impl SchemaRecognizer {
@@ -330,7 +333,13 @@ impl SchemaRecognizer {
 
     /// Wraps a compiled graph with a layout.
     pub fn with_layout(graph: Graph, layout: Layout) -> Self {
-        Self { graph, layout, pattern_classes: Mutex::new(HashMap::new()), walks: Mutex::default() }
+        Self {
+            graph,
+            layout,
+            pattern_classes: Mutex::new(HashMap::new()),
+            walks: Mutex::default(),
+            long_tokens: std::sync::OnceLock::new(),
+        }
     }
 
     /// Fills `set` with the tokens `state` allows by walking the token trie through the
@@ -364,7 +373,40 @@ impl SchemaRecognizer {
             .saturating_add(table.trie().max_token_len() as u32);
         let counted = key.left != u32::MAX && key.left < slack;
         let steps = ClassSteps { graph: &self.graph, key, counted };
-        if !counted {
+        let max_distance = slack - table.trie().max_token_len() as u32;
+        if counted && key.left > max_distance {
+            // Under a length bound (a 128-character version string) the count would make
+            // every position a new walk of the whole trie. A token of `c` characters stays
+            // within `c + max_distance` of the room at every step, so where that fits it is
+            // allowed exactly when the unbounded class allows it; only the few longer tokens
+            // are stepped through with the count.
+            let unbounded = self.content_class(ClassKey { left: u32::MAX, ..key }, table);
+            out.words_mut().copy_from_slice(unbounded.words());
+            let fits = key.left - max_distance;
+            let long = self.long_tokens.get_or_init(|| {
+                let mut by_chars: Vec<(u32, u32)> = (0..table.vocab_size() as u32)
+                    .map(|t| (table.token_bytes(t).iter().filter(|&&b| b & 0xC0 != 0x80).count() as u32, t))
+                    .collect();
+                by_chars.sort_unstable_by(|a, b| b.cmp(a));
+                by_chars
+            });
+            // (Built for this table: a recogniser serves the one vocabulary it was compiled for.)
+            let long = if long.len() == table.vocab_size() { long.as_slice() } else { &[] };
+            for &(_, t) in long.iter().take_while(|&&(chars, _)| chars > fits) {
+                if out.contains(t) {
+                    let mut w = start;
+                    for &b in table.token_bytes(t) {
+                        match steps.step(&w, b) {
+                            Some(n) => w = n,
+                            None => {
+                                out.remove(t);
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        } else if !counted {
             // States repeat (inside a URI's path, a date's digits): tabulate them, and take
             // whole the subtrees they loop over.
             StateTable::default().fill_trie(&steps, &start, table.trie(), &mut out);

@@ -106,6 +106,14 @@ fn fast_masks_equal_the_trie_walk() {
     );
     compare(r#"{"type":"string","pattern":"^[a-c]*x$","maxLength":4}"#, "{}", r#""ab"#);
     compare(r#"{"type":"string","pattern":"b"}"#, "{}", r#""aa"#);
+    // Length bounds with room for most tokens but not the longest (20 characters): the
+    // unbounded class, with the long tokens stepped through exactly.
+    for (max_length, prefix) in [(18, r#""ab"#), (22, r#""a"#), (21, r#""a"#), (23, r#""abc"#)] {
+        let schema = format!(r#"{{"type":"string","pattern":"^[a-z0-9]+$","maxLength":{max_length}}}"#);
+        compare(&schema, "{}", prefix);
+    }
+    compare(r#"{"type":"string","pattern":"^[a-z]*x[0-9]{3}$","maxLength":24}"#, "{}", r#""zzz"#);
+    compare(r#"{"type":"string","pattern":"^[a-z]*x[0-9]{3}$","maxLength":26}"#, "{}", r#""zz"#);
     // States outside strings take the state table's walk.
     compare(obj, "{}", "");
     compare(obj, "{}", r#"{"name":"x","code":"a","n":"#);
