@@ -33,6 +33,8 @@ pub struct TokenTable {
     eos: Vec<u32>,
     trie: TokenTrie,
     tokenize: Tokenize,
+    /// [`Self::by_char_count`], made on first use.
+    by_chars: std::sync::OnceLock<Vec<(u32, u32)>>,
 }
 
 impl fmt::Debug for TokenTable {
@@ -76,7 +78,15 @@ impl TokenTable {
             let (s, e) = (offsets[id] as usize, offsets[id + 1] as usize);
             if special.contains(id as u32) { &[][..] } else { &bytes[s..e] }
         });
-        Ok(Self { bytes, offsets, special, eos: eos_tokens.to_vec(), trie, tokenize: Tokenize::Host })
+        Ok(Self {
+            bytes,
+            offsets,
+            special,
+            eos: eos_tokens.to_vec(),
+            trie,
+            tokenize: Tokenize::Host,
+            by_chars: std::sync::OnceLock::new(),
+        })
     }
 
     /// A table from a list of token byte strings (id = position); for native tests.
@@ -144,6 +154,19 @@ impl TokenTable {
     /// The trie over the non-special tokens.
     pub fn trie(&self) -> &TokenTrie {
         &self.trie
+    }
+
+    /// Every token as (characters, id), most characters first: a token's characters are its
+    /// bytes that start a UTF-8 character (what a length bound counts). For constraints that
+    /// must treat the few long tokens apart; computed once per table.
+    pub fn by_char_count(&self) -> &[(u32, u32)] {
+        self.by_chars.get_or_init(|| {
+            let mut by_chars: Vec<(u32, u32)> = (0..self.vocab_size() as u32)
+                .map(|t| (self.token_bytes(t).iter().filter(|&&b| b & 0xC0 != 0x80).count() as u32, t))
+                .collect();
+            by_chars.sort_unstable_by(|a, b| b.cmp(a));
+            by_chars
+        })
     }
 
     /// Tokenises `text` the canonical way (see [`Tokenize`]).

@@ -2173,7 +2173,87 @@ fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<LiveTable> {
         *slot = d;
         queue.extend(reverse[k].iter().map(|&j| (j, d + 1)));
     }
-    Some(LiveTable { stride2, dist })
+    let safe = safe_states(dfa, &order, &seen, &dist, stride2, max_index);
+    Some(LiveTable { stride2, dist, safe })
+}
+
+/// Past this many automaton states, no state is called safe (the check below walks every
+/// state with every UTF-8 decoder position).
+const MAX_SAFE_CHECK_STATES: usize = 512;
+
+/// By state index: whether every well-formed UTF-8 continuation from the state (at a
+/// character boundary) keeps the automaton able to match. A search pattern that has matched
+/// is safe, and so is one padded with `.*` before it matches: content then needs no walk
+/// through the automaton. Over (state, UTF-8 decoder position) pairs: a pair is unsafe when
+/// a byte well-formed there leads to the dead state or one that cannot match, or to an
+/// unsafe pair.
+fn safe_states(
+    dfa: &dense::DFA<Vec<u32>>,
+    order: &[regex_automata::util::primitives::StateID],
+    seen: &HashMap<u32, usize>,
+    dist: &[u32],
+    stride2: usize,
+    max_index: usize,
+) -> Vec<bool> {
+    use dspark_guest::Utf8Step;
+    use regex_automata::dfa::Automaton;
+    let mut safe = vec![false; max_index + 1];
+    if order.len() > MAX_SAFE_CHECK_STATES {
+        return safe;
+    }
+    // The decoder positions reachable from a boundary.
+    let mut steps = vec![Utf8Step::BOUNDARY];
+    let mut i = 0;
+    while i < steps.len() {
+        for b in 0..=255u8 {
+            if let Some(n) = steps[i].next(b)
+                && !steps.contains(&n)
+            {
+                steps.push(n);
+            }
+        }
+        i += 1;
+    }
+    let u = steps.len();
+    let live = |st: regex_automata::util::primitives::StateID| dist[st.as_usize() >> stride2] != u32::MAX;
+    let mut bad = vec![false; order.len() * u];
+    let mut reverse: Vec<Vec<u32>> = vec![Vec::new(); order.len() * u];
+    for (k, &st) in order.iter().enumerate() {
+        for (ui, step) in steps.iter().enumerate() {
+            let node = k * u + ui;
+            if !live(st) {
+                bad[node] = true;
+                continue;
+            }
+            for b in 0..=255u8 {
+                let Some(next_step) = step.next(b) else { continue };
+                let next = dfa.next_state(st, b);
+                let target = (!dfa.is_dead_state(next) && !dfa.is_quit_state(next) && live(next))
+                    .then(|| seen.get(&next.as_u32()))
+                    .flatten();
+                match (target, steps.iter().position(|&s| s == next_step)) {
+                    (Some(&j), Some(uj)) => reverse[j * u + uj].push(node as u32),
+                    _ => {
+                        bad[node] = true;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let mut unsafe_ = vec![false; order.len() * u];
+    let mut stack: Vec<u32> = (0..bad.len() as u32).filter(|&x| bad[x as usize]).collect();
+    while let Some(x) = stack.pop() {
+        if std::mem::replace(&mut unsafe_[x as usize], true) {
+            continue;
+        }
+        stack.extend(reverse[x as usize].iter().copied().filter(|&y| !unsafe_[y as usize]));
+    }
+    for (k, st) in order.iter().enumerate() {
+        // Index 0 of `steps` is the boundary.
+        safe[st.as_usize() >> stride2] = !unsafe_[k * u];
+    }
+    safe
 }
 
 /// Whether `p` has a `|` outside any group or class.

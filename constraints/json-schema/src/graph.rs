@@ -249,6 +249,9 @@ pub struct LiveTable {
     pub stride2: usize,
     /// By state index.
     pub dist: Vec<u32>,
+    /// By state index: no byte sequence leads from the state to one that cannot match (an
+    /// unanchored pattern once matched, or with nothing to rule out).
+    pub safe: Vec<bool>,
 }
 
 /// How properties may be ordered in the output.
@@ -299,6 +302,13 @@ impl Graph {
     pub fn distance(&self, p: u32, st: u32) -> Option<u32> {
         let t = &self.live[p as usize];
         t.dist.get((st as usize) >> t.stride2).copied().filter(|&d| d != u32::MAX)
+    }
+
+    /// Whether every byte sequence from state `st` of automaton `p` keeps it able to match.
+    #[inline]
+    pub fn safe(&self, p: u32, st: u32) -> bool {
+        let t = &self.live[p as usize];
+        t.safe.get((st as usize) >> t.stride2).copied().unwrap_or(false)
     }
 
     /// The node `id`.

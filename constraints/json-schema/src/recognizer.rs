@@ -320,9 +320,6 @@ pub struct SchemaRecognizer {
     /// The states mask walks met, tabulated (see [`StateTable`]), for the configurations that
     /// take no in-string fast path.
     walks: Mutex<StateTable<State>>,
-    /// The vocabulary's tokens by character count, longest first (for [`Self::content_class`]
-    /// under a length bound), made on first use.
-    long_tokens: std::sync::OnceLock<Vec<(u32, u32)>>,
 }
 
 impl SchemaRecognizer {
@@ -333,13 +330,7 @@ impl SchemaRecognizer {
 
     /// Wraps a compiled graph with a layout.
     pub fn with_layout(graph: Graph, layout: Layout) -> Self {
-        Self {
-            graph,
-            layout,
-            pattern_classes: Mutex::new(HashMap::new()),
-            walks: Mutex::default(),
-            long_tokens: std::sync::OnceLock::new(),
-        }
+        Self { graph, layout, pattern_classes: Mutex::new(HashMap::new()), walks: Mutex::default() }
     }
 
     /// Fills `set` with the tokens `state` allows by walking the token trie through the
@@ -372,27 +363,43 @@ impl SchemaRecognizer {
             .unwrap_or(0)
             .saturating_add(table.trie().max_token_len() as u32);
         let counted = key.left != u32::MAX && key.left < slack;
+        if !counted && key.n > 0 {
+            // An automaton at a safe state stays able to match whatever follows (a search
+            // pattern that matched, or one that never rules anything out): it constrains
+            // nothing here, and the class is that of the others (of none, for keys, where
+            // one alive suffices). This spares a walk per position inside a counted
+            // repetition such as `[a-z0-9]{162}`.
+            let n = key.n as usize;
+            let safe: Vec<bool> = (0..n).map(|k| self.graph.safe(key.patterns[k].0, key.patterns[k].1)).collect();
+            if safe.iter().any(|&s| s) {
+                let mut reduced = ClassKey { patterns: [(0, 0); 4], n: 0, ..key };
+                if !key.any {
+                    for k in (0..n).filter(|&k| !safe[k]) {
+                        reduced.patterns[reduced.n as usize] = key.patterns[k];
+                        reduced.n += 1;
+                    }
+                }
+                let class = self.content_class(reduced, table);
+                self.remember_class(key, class.clone());
+                return class;
+            }
+        }
         let steps = ClassSteps { graph: &self.graph, key, counted };
         let max_distance = slack - table.trie().max_token_len() as u32;
-        if counted && key.left > max_distance {
-            // Under a length bound (a 128-character version string) the count would make
-            // every position a new walk of the whole trie. A token of `c` characters stays
-            // within `c + max_distance` of the room at every step, so where that fits it is
-            // allowed exactly when the unbounded class allows it; only the few longer tokens
-            // are stepped through with the count.
+        // Under a length bound (a 128-character version string) the count would make every
+        // position a new walk of the whole trie. A token of `c` characters stays within
+        // `c + max_distance` of the room at every step, so where that fits it is allowed
+        // exactly when the unbounded class allows it; only the longer tokens need stepping
+        // through with the count, which pays where they are few.
+        let fits = key.left.saturating_sub(max_distance);
+        let bounded_but_roomy = counted && key.left > max_distance;
+        let long = if bounded_but_roomy { table.by_char_count() } else { &[] };
+        let longer = long.partition_point(|&(chars, _)| chars > fits);
+        let few_longer = bounded_but_roomy && longer <= table.vocab_size() / 16;
+        if few_longer {
             let unbounded = self.content_class(ClassKey { left: u32::MAX, ..key }, table);
             out.words_mut().copy_from_slice(unbounded.words());
-            let fits = key.left - max_distance;
-            let long = self.long_tokens.get_or_init(|| {
-                let mut by_chars: Vec<(u32, u32)> = (0..table.vocab_size() as u32)
-                    .map(|t| (table.token_bytes(t).iter().filter(|&&b| b & 0xC0 != 0x80).count() as u32, t))
-                    .collect();
-                by_chars.sort_unstable_by(|a, b| b.cmp(a));
-                by_chars
-            });
-            // (Built for this table: a recogniser serves the one vocabulary it was compiled for.)
-            let long = if long.len() == table.vocab_size() { long.as_slice() } else { &[] };
-            for &(_, t) in long.iter().take_while(|&&(chars, _)| chars > fits) {
+            for &(_, t) in &long[..longer] {
                 if out.contains(t) {
                     let mut w = start;
                     for &b in table.token_bytes(t) {
@@ -415,12 +422,17 @@ impl SchemaRecognizer {
             table.trie().walk(&start, &mut Vec::new(), |w, b| steps.step(w, b), |t| out.insert(t));
         }
         let out = Arc::new(out);
+        self.remember_class(key, out.clone());
+        out
+    }
+
+    /// Caches a content class (bounded: cleared when full).
+    fn remember_class(&self, key: ClassKey, class: Arc<TokenSet>) {
         let mut cache = self.pattern_classes.lock().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= 4096 {
             cache.clear();
         }
-        cache.insert(key, out.clone());
-        out
+        cache.insert(key, class);
     }
 
     /// The graph.

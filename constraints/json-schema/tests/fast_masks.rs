@@ -99,6 +99,8 @@ fn fast_masks_equal_the_trie_walk() {
     compare(pp, "{}", r#"{""#);
     compare(pp, "{}", r#"{"a1"#);
     compare(pp, "{}", r#"{"nam"#);
+    // Past `name` the key's pattern can no longer fail: the class of a plain key.
+    compare(pp, "{}", r#"{"namex"#);
     compare(
         r#"{"type":"object","properties":{"a":{}},"additionalProperties":true}"#,
         r#"{"property_order":"any"}"#,
@@ -106,6 +108,12 @@ fn fast_masks_equal_the_trie_walk() {
     );
     compare(r#"{"type":"string","pattern":"^[a-c]*x$","maxLength":4}"#, "{}", r#""ab"#);
     compare(r#"{"type":"string","pattern":"b"}"#, "{}", r#""aa"#);
+    // A search pattern before and after it has matched (then it rules nothing out), and an
+    // anchored prefix once written.
+    compare(r#"{"type":"string","pattern":"[a-z0-9]{3}"}"#, "{}", r#""a-b"#);
+    compare(r#"{"type":"string","pattern":"[a-z0-9]{3}"}"#, "{}", r#""abc"#);
+    compare(r#"{"type":"string","pattern":"^a","maxLength":4}"#, "{}", r#""a"#);
+    compare(r#"{"type":"string","pattern":"^ab","minLength":3}"#, "{}", r#""ab"#);
     // Length bounds with room for most tokens but not the longest (20 characters): the
     // unbounded class, with the long tokens stepped through exactly.
     for (max_length, prefix) in [(18, r#""ab"#), (22, r#""a"#), (21, r#""a"#), (23, r#""abc"#)] {
