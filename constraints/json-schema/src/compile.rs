@@ -1306,10 +1306,12 @@ impl<'a> Compiler<'a> {
                 }
                 ("$ref" | "$dynamicRef" | "$recursiveRef" | "if", _) => meet(None),
                 // Object and array keywords constrain only objects and arrays.
-                (_, _) if v.is_object() || v.is_array() => {
-                    if !ANNOTATIONS.contains(&k.as_str()) && !k.starts_with("x-") {
-                        meet(None);
-                    }
+                (_, _)
+                    if (v.is_object() || v.is_array())
+                        && !ANNOTATIONS.contains(&k.as_str())
+                        && !k.starts_with("x-") =>
+                {
+                    meet(None)
                 }
                 _ => {}
             }
