@@ -1213,6 +1213,17 @@ impl<'a> Compiler<'a> {
     /// object or array keywords on an object or array value). Keywords of another type hold
     /// vacuously, as JSON Schema says.
     fn admits(&mut self, map: &Map<String, Value>, v: &Value, ptr: &str) -> Result<Option<bool>, ConstraintError> {
+        self.admits_at(map, v, ptr, true)
+    }
+
+    /// [`Self::admits`]; `top` for the map whose `enum`/`const` the value comes from.
+    fn admits_at(
+        &mut self,
+        map: &Map<String, Value>,
+        v: &Value,
+        ptr: &str,
+        top: bool,
+    ) -> Result<Option<bool>, ConstraintError> {
         let mut verdict = Some(true);
         // `Some(false)` decides; `None` only weakens a `Some(true)`.
         let mut meet = |r: Option<bool>| match (verdict, r) {
@@ -1232,6 +1243,10 @@ impl<'a> Compiler<'a> {
                     };
                     meet(Some(types.iter().any(|t| type_matches(t, v) || (*t == "number" && v.is_number()))));
                 }
+                // The values being checked come from this level's own `enum`/`const`.
+                ("enum" | "const", _) if top => {}
+                // A long list beside a long list would be quadratic: left undecided.
+                ("enum", Value::Array(values)) if values.len() > MAX_ENUM_CHECK => meet(None),
                 ("enum", Value::Array(values)) => meet(Some(values.iter().any(|w| json_eq(v, w)))),
                 ("const", c) => meet(Some(json_eq(v, c))),
                 ("pattern", Value::String(p)) => {
@@ -1278,7 +1293,7 @@ impl<'a> Compiler<'a> {
                     for (i, b) in branches.iter().enumerate() {
                         results.push(match b {
                             Value::Bool(b) => Some(*b),
-                            Value::Object(m) => self.admits(m, v, &format!("{ptr}/{k}/{i}"))?,
+                            Value::Object(m) => self.admits_at(m, v, &format!("{ptr}/{k}/{i}"), false)?,
                             _ => None,
                         });
                     }
@@ -1299,7 +1314,7 @@ impl<'a> Compiler<'a> {
                 ("not", n) => {
                     let inner = match n {
                         Value::Bool(b) => Some(*b),
-                        Value::Object(m) => self.admits(m, v, &format!("{ptr}/not"))?,
+                        Value::Object(m) => self.admits_at(m, v, &format!("{ptr}/not"), false)?,
                         _ => None,
                     };
                     meet(inner.map(|b| !b));
@@ -2257,6 +2272,10 @@ fn safe_states(
     }
     safe
 }
+
+/// Beyond this many values, an `enum` met while checking another `enum`'s values is not
+/// searched (the check would be quadratic in hostile schemas); the values are kept.
+const MAX_ENUM_CHECK: usize = 256;
 
 /// Whether `p` has a `|` outside any group or class.
 fn top_level_alternation(p: &str) -> bool {

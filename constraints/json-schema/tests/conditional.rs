@@ -140,6 +140,10 @@ fn an_enum_meets_the_other_branches_keywords() {
     let any = r#"{"allOf": [{"type": "string", "enum": ["abc", "ghi"]}, {"anyOf": [{"type": "number"}, {"type": "string", "pattern": "^a"}]}]}"#;
     assert!(accepts(any, r#""abc""#));
     assert!(!accepts(any, r#""ghi""#), "`ghi` fails every branch");
+    let enums = r#"{"enum": ["a", "b", 3], "anyOf": [{"enum": ["b", "c"]}, {"type": "integer", "minimum": 3}]}"#;
+    assert!(accepts(enums, r#""b""#));
+    assert!(accepts(enums, "3"));
+    assert!(!accepts(enums, r#""a""#), "`a` is in no branch's enum");
 }
 
 #[test]

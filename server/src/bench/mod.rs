@@ -87,6 +87,11 @@ pub struct BenchArgs {
     /// How the target takes the schema.
     #[arg(long, value_enum, default_value = "response-format")]
     schema_field: SchemaField,
+    /// Sent with every constrained request as vLLM's `structured_outputs.whitespace_pattern`
+    /// (dspark and vLLM take it): the whitespace allowed between JSON tokens, for models that
+    /// write JSON with newlines and indentation (compact JSON otherwise). E.g. `[\n ]{0,16}`.
+    #[arg(long)]
+    whitespace_pattern: Option<String>,
     /// A second target, run interleaved: a URL (`http://...`), or a model name at `--url`.
     #[arg(long)]
     compare: Option<String>,
@@ -281,8 +286,58 @@ fn request_body(target: &Target, prompt: &Prompt, index: usize, args: &BenchArgs
             SchemaField::StructuredOutputs => body["structured_outputs"] = json!({"json": schema}),
             SchemaField::None => {}
         }
+        if let Some(pattern) = &args.whitespace_pattern
+            && target.schema_field != SchemaField::None
+        {
+            if !body["structured_outputs"].is_object() {
+                body["structured_outputs"] = json!({});
+            }
+            body["structured_outputs"]["whitespace_pattern"] = json!(pattern);
+        }
     }
     body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn target(schema_field: SchemaField) -> Target {
+        Target {
+            label: "t".into(),
+            endpoint: Endpoint::parse("http://127.0.0.1:1", None).unwrap(),
+            model: "m".into(),
+            schema_field,
+        }
+    }
+
+    #[test]
+    fn a_whitespace_pattern_goes_with_every_constrained_request() {
+        use clap::Parser;
+        let args = Cli::parse_from(["bench", "--model", "m", "--whitespace-pattern", "[\\n ]{0,16}"]).bench;
+        let prompt = workload::prompt(Workload::Orders, 0, 0, 2);
+        let body = request_body(&target(SchemaField::ResponseFormat), &prompt, 0, &args);
+        assert_eq!(body["structured_outputs"], json!({"whitespace_pattern": "[\\n ]{0,16}"}));
+        assert_eq!(body["response_format"]["json_schema"]["schema"], prompt.schema);
+        let body = request_body(&target(SchemaField::StructuredOutputs), &prompt, 0, &args);
+        assert_eq!(body["structured_outputs"], json!({"json": prompt.schema, "whitespace_pattern": "[\\n ]{0,16}"}));
+        // Unconstrained requests and schema-less targets get nothing.
+        let body = request_body(&target(SchemaField::None), &prompt, 0, &args);
+        assert!(body.get("structured_outputs").is_none());
+        let text = workload::prompt(Workload::Text, 0, 0, 2);
+        let body = request_body(&target(SchemaField::ResponseFormat), &text, 0, &args);
+        assert!(body.get("structured_outputs").is_none() && body.get("response_format").is_none());
+        // Without the option the body is as before.
+        let plain = Cli::parse_from(["bench", "--model", "m"]).bench;
+        let body = request_body(&target(SchemaField::ResponseFormat), &prompt, 0, &plain);
+        assert!(body.get("structured_outputs").is_none());
+    }
 }
 
 /// Nearest-rank percentile of sorted values.
