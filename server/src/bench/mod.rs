@@ -298,48 +298,6 @@ fn request_body(target: &Target, prompt: &Prompt, index: usize, args: &BenchArgs
     body
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        bench: BenchArgs,
-    }
-
-    fn target(schema_field: SchemaField) -> Target {
-        Target {
-            label: "t".into(),
-            endpoint: Endpoint::parse("http://127.0.0.1:1", None).unwrap(),
-            model: "m".into(),
-            schema_field,
-        }
-    }
-
-    #[test]
-    fn a_whitespace_pattern_goes_with_every_constrained_request() {
-        use clap::Parser;
-        let args = Cli::parse_from(["bench", "--model", "m", "--whitespace-pattern", "[\\n ]{0,16}"]).bench;
-        let prompt = workload::prompt(Workload::Orders, 0, 0, 2);
-        let body = request_body(&target(SchemaField::ResponseFormat), &prompt, 0, &args);
-        assert_eq!(body["structured_outputs"], json!({"whitespace_pattern": "[\\n ]{0,16}"}));
-        assert_eq!(body["response_format"]["json_schema"]["schema"], prompt.schema);
-        let body = request_body(&target(SchemaField::StructuredOutputs), &prompt, 0, &args);
-        assert_eq!(body["structured_outputs"], json!({"json": prompt.schema, "whitespace_pattern": "[\\n ]{0,16}"}));
-        // Unconstrained requests and schema-less targets get nothing.
-        let body = request_body(&target(SchemaField::None), &prompt, 0, &args);
-        assert!(body.get("structured_outputs").is_none());
-        let text = workload::prompt(Workload::Text, 0, 0, 2);
-        let body = request_body(&target(SchemaField::ResponseFormat), &text, 0, &args);
-        assert!(body.get("structured_outputs").is_none() && body.get("response_format").is_none());
-        // Without the option the body is as before.
-        let plain = Cli::parse_from(["bench", "--model", "m"]).bench;
-        let body = request_body(&target(SchemaField::ResponseFormat), &prompt, 0, &plain);
-        assert!(body.get("structured_outputs").is_none());
-    }
-}
-
 /// Nearest-rank percentile of sorted values.
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -489,5 +447,47 @@ fn print(args: &BenchArgs, summaries: &[Summary], identical: Option<f64>) {
     }
     if let Some(p) = identical {
         println!("byte-identical answers A vs B: {p:.1}%");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn target(schema_field: SchemaField) -> Target {
+        Target {
+            label: "t".into(),
+            endpoint: Endpoint::parse("http://127.0.0.1:1", None).unwrap(),
+            model: "m".into(),
+            schema_field,
+        }
+    }
+
+    #[test]
+    fn a_whitespace_pattern_goes_with_every_constrained_request() {
+        use clap::Parser;
+        let args = Cli::parse_from(["bench", "--model", "m", "--whitespace-pattern", "[\\n ]{0,16}"]).bench;
+        let prompt = workload::prompt(Workload::Orders, 0, 0, 2);
+        let body = request_body(&target(SchemaField::ResponseFormat), &prompt, 0, &args);
+        assert_eq!(body["structured_outputs"], json!({"whitespace_pattern": "[\\n ]{0,16}"}));
+        assert_eq!(body["response_format"]["json_schema"]["schema"], prompt.schema);
+        let body = request_body(&target(SchemaField::StructuredOutputs), &prompt, 0, &args);
+        assert_eq!(body["structured_outputs"], json!({"json": prompt.schema, "whitespace_pattern": "[\\n ]{0,16}"}));
+        // Unconstrained requests and schema-less targets get nothing.
+        let body = request_body(&target(SchemaField::None), &prompt, 0, &args);
+        assert!(body.get("structured_outputs").is_none());
+        let text = workload::prompt(Workload::Text, 0, 0, 2);
+        let body = request_body(&target(SchemaField::ResponseFormat), &text, 0, &args);
+        assert!(body.get("structured_outputs").is_none() && body.get("response_format").is_none());
+        // Without the option the body is as before.
+        let plain = Cli::parse_from(["bench", "--model", "m"]).bench;
+        let body = request_body(&target(SchemaField::ResponseFormat), &prompt, 0, &plain);
+        assert!(body.get("structured_outputs").is_none());
     }
 }
