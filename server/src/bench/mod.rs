@@ -21,6 +21,10 @@
 //! - % valid JSON, % schema-valid (the workload's schema, checked with the `jsonschema`
 //!   crate), % records exactly right (every field of a true record found in the answer);
 //! - finish-reason counts and failed requests (with the first error).
+//!
+//! `--whitespace-pattern` adds vLLM's `structured_outputs.whitespace_pattern` to constrained
+//! requests (dspark and vLLM honour it; llama.cpp ignores the field). Small models that were
+//! tuned on pretty-printed JSON (Qwen2.5) write better records when allowed their newlines.
 
 pub mod client;
 pub mod workload;
