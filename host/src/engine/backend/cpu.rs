@@ -639,33 +639,48 @@ mod simd {
         /// [`super::super::lane_dot`].
         pub unsafe fn lane_dot<T: Load8 + Copy>(a: &[f32], b: &[T]) -> f32 {
             let k = a.len().min(b.len());
-            let mut depth = 0;
-            // SAFETY: every load reads 8 elements below `k`.
-            let mut lanes8 = unsafe {
-                let mut acc = [_mm256_setzero_ps(); 8];
-                while depth + 64 <= k {
-                    for (i, v) in acc.iter_mut().enumerate() {
-                        let at = depth + 8 * i;
-                        *v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(at)), T::load8(b.as_ptr().add(at)), *v);
-                    }
-                    depth += 64;
-                }
-                let pair = |x: usize, y: usize| _mm256_add_ps(acc[x], acc[y]);
-                let mut v = _mm256_add_ps(_mm256_add_ps(pair(0, 1), pair(2, 3)), _mm256_add_ps(pair(4, 5), pair(6, 7)));
-                while depth + 8 <= k {
-                    v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(depth)), T::load8(b.as_ptr().add(depth)), v);
-                    depth += 8;
-                }
-                lanes(v)
-            };
+            // SAFETY: `lane_partials` reads below `k` in both.
+            let (v, depth) = unsafe { lane_partials(a, b.as_ptr(), k) };
+            // SAFETY: 8 floats of room.
+            let lanes8 = unsafe { lanes(v) };
             let mut sum = lanes8[0];
-            for v in &mut lanes8[1..] {
+            for v in &lanes8[1..] {
                 sum += *v;
             }
             for at in depth..k {
                 sum = a[at].mul_add(b[at].to_f32(), sum);
             }
             sum
+        }
+
+        /// The 8-lane partial sums of `a . b` over the first `k` elements in the order of the
+        /// reference's matrix-vector kernel: eight fused accumulators over blocks of 64,
+        /// reduced pairwise, then 8-lane blocks; and how far that got (the rest, `k % 8`
+        /// elements, is the caller's tail).
+        ///
+        /// # Safety
+        /// `a` and `b` have `k` readable elements.
+        #[inline(always)]
+        unsafe fn lane_partials<T: Load8>(a: &[f32], b: *const T, k: usize) -> (__m256, usize) {
+            let mut depth = 0;
+            // SAFETY: every load reads 8 elements below `k`.
+            unsafe {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                while depth + 64 <= k {
+                    for (i, v) in acc.iter_mut().enumerate() {
+                        let at = depth + 8 * i;
+                        *v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(at)), T::load8(b.add(at)), *v);
+                    }
+                    depth += 64;
+                }
+                let pair = |x: usize, y: usize| _mm256_add_ps(acc[x], acc[y]);
+                let mut v = _mm256_add_ps(_mm256_add_ps(pair(0, 1), pair(2, 3)), _mm256_add_ps(pair(4, 5), pair(6, 7)));
+                while depth + 8 <= k {
+                    v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(depth)), T::load8(b.add(depth)), v);
+                    depth += 8;
+                }
+                (v, depth)
+            }
         }
 
         /// `r` transposed: lane `k` of row `l` of the result is lane `l` of `r[k]`.
@@ -729,27 +744,8 @@ mod simd {
                     let x: [__m256; 4] = std::array::from_fn(|l| _mm256_add_ps(t[l], t[l + 4]));
                     _mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3]))
                 } else {
-                    let mut per_key = [_mm256_setzero_ps(); 8];
-                    for (i, out) in per_key.iter_mut().enumerate() {
-                        let b = key(i);
-                        let mut depth = 0;
-                        let mut acc = [_mm256_setzero_ps(); 8];
-                        while depth + 64 <= k {
-                            for (j, v) in acc.iter_mut().enumerate() {
-                                let at = depth + 8 * j;
-                                *v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(at)), T::load8(b.add(at)), *v);
-                            }
-                            depth += 64;
-                        }
-                        let pair = |x: usize, y: usize| _mm256_add_ps(acc[x], acc[y]);
-                        let mut v =
-                            _mm256_add_ps(_mm256_add_ps(pair(0, 1), pair(2, 3)), _mm256_add_ps(pair(4, 5), pair(6, 7)));
-                        while depth + 8 <= k {
-                            v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(depth)), T::load8(b.add(depth)), v);
-                            depth += 8;
-                        }
-                        *out = v;
-                    }
+                    // `k` is a multiple of 8: the partial sums cover every element.
+                    let per_key: [__m256; 8] = std::array::from_fn(|i| lane_partials(a, key(i), k).0);
                     // Per key: the lanes summed in order.
                     let t = transpose8(per_key);
                     let mut sum = t[0];
