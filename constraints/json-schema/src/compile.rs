@@ -1417,6 +1417,22 @@ impl<'a> Compiler<'a> {
             }
             _ => {}
         }
+        // Bounds are compared as f64: past 2^53 neighbouring integers share a value, so a
+        // number just beyond such a bound can pass. Said, not hidden.
+        const EXACT: f64 = 9_007_199_254_740_992.0;
+        for (k, b) in [("minimum", min), ("maximum", max)] {
+            if let Some((x, _)) = b
+                && x.abs() > EXACT
+            {
+                self.warnings.push(Warning {
+                    location: format!("#{ptr}/{k}"),
+                    message: format!(
+                        "a bound beyond 2^53 is compared in floating point: numbers within {} of it may pass",
+                        x.abs() * f64::EPSILON
+                    ),
+                });
+            }
+        }
         let multiple_of = f("multipleOf").filter(|m| *m > 0.0);
         if multiple_of.is_some() && !integer {
             self.warnings.push(Warning {

@@ -211,3 +211,16 @@ fn whole_multiples_take_only_zero_fractions() {
     }
     assert!(rec.advance(&s, b'4').is_none() && rec.advance(&s, b'0').is_some());
 }
+
+#[test]
+fn bounds_beyond_two_to_the_53_come_with_a_warning() {
+    let schema = r#"{"type":"integer","minimum":0,"maximum":9223372036854776000}"#;
+    let (rec, warnings) = compile_recognizer("json-schema", schema, "{}").unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].location, "#/maximum");
+    assert!(warnings[0].message.starts_with("a bound beyond 2^53 is compared in floating point"));
+    assert!(rec.matches(b"9223372036854775000"));
+    let (_, warnings) =
+        compile_recognizer("json-schema", r#"{"type":"integer","maximum":9007199254740992}"#, "{}").unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
