@@ -1213,17 +1213,23 @@ impl<'a> Compiler<'a> {
     /// object or array keywords on an object or array value). Keywords of another type hold
     /// vacuously, as JSON Schema says.
     fn admits(&mut self, map: &Map<String, Value>, v: &Value, ptr: &str) -> Result<Option<bool>, ConstraintError> {
-        self.admits_at(map, v, ptr, true)
+        self.admits_at(map, v, ptr, 0)
     }
 
-    /// [`Self::admits`]; `top` for the map whose `enum`/`const` the value comes from.
+    /// [`Self::admits`] at nesting `depth` (0: the map whose `enum`/`const` the value comes
+    /// from). Past [`MAX_ADMITS_DEPTH`] nested branches the answer is undecided, so a hostile
+    /// chain of `not`s cannot exhaust the stack.
     fn admits_at(
         &mut self,
         map: &Map<String, Value>,
         v: &Value,
         ptr: &str,
-        top: bool,
+        depth: usize,
     ) -> Result<Option<bool>, ConstraintError> {
+        if depth > MAX_ADMITS_DEPTH {
+            return Ok(None);
+        }
+        let top = depth == 0;
         let mut verdict = Some(true);
         // `Some(false)` decides; `None` only weakens a `Some(true)`.
         let mut meet = |r: Option<bool>| match (verdict, r) {
@@ -1293,7 +1299,7 @@ impl<'a> Compiler<'a> {
                     for (i, b) in branches.iter().enumerate() {
                         results.push(match b {
                             Value::Bool(b) => Some(*b),
-                            Value::Object(m) => self.admits_at(m, v, &format!("{ptr}/{k}/{i}"), false)?,
+                            Value::Object(m) => self.admits_at(m, v, &format!("{ptr}/{k}/{i}"), depth + 1)?,
                             _ => None,
                         });
                     }
@@ -1314,7 +1320,7 @@ impl<'a> Compiler<'a> {
                 ("not", n) => {
                     let inner = match n {
                         Value::Bool(b) => Some(*b),
-                        Value::Object(m) => self.admits_at(m, v, &format!("{ptr}/not"), false)?,
+                        Value::Object(m) => self.admits_at(m, v, &format!("{ptr}/not"), depth + 1)?,
                         _ => None,
                     };
                     meet(inner.map(|b| !b));
@@ -2288,6 +2294,9 @@ fn safe_states(
     }
     safe
 }
+
+/// How deep [`Compiler::admits`] follows nested `allOf`/`anyOf`/`oneOf`/`not` branches.
+const MAX_ADMITS_DEPTH: usize = 32;
 
 /// Beyond this many values, an `enum` met while checking another `enum`'s values is not
 /// searched (the check would be quadratic in hostile schemas); the values are kept.
