@@ -18,8 +18,9 @@
 //! - Keywords that cannot be enforced by a left-to-right automaton yet (`not`,
 //!   `if`/`then`/`else`, dependent schemas other than `{required}` and `{not: {required}}`, `contains`,
 //!   `unevaluated*`, dynamic refs) are errors naming pointer and keyword: never silently
-//!   ignored. `uniqueItems` is a warning (not enforced). Unknown keywords are ignored, as
-//!   JSON Schema says, with a warning.
+//!   ignored. `uniqueItems` is enforced where the items come from an `enum` of at most 64
+//!   strings, booleans or null (the state remembers which were written); elsewhere it is a
+//!   warning. Unknown keywords are ignored, as JSON Schema says, with a warning.
 //! - Regex `pattern`s use the Rust syntax with ECMA-262's ASCII meaning of `\d` and `\w`.
 
 use std::collections::HashMap;
@@ -148,6 +149,8 @@ pub struct Compiler<'a> {
     literals: Vec<LiteralTrie>,
     dfas: Vec<dense::DFA<Vec<u32>>>,
     live: Vec<LiveTable>,
+    /// Arrays with `uniqueItems: true` and their pointers, decided at the end.
+    unique_arrays: Vec<(NodeId, String)>,
     dfa_cache: HashMap<(String, bool), u32>,
     refs: HashMap<String, NodeId>,
     anchors: HashMap<String, String>,
@@ -179,6 +182,7 @@ impl<'a> Compiler<'a> {
             literals: Vec::new(),
             dfas: Vec::new(),
             live: Vec::new(),
+            unique_arrays: Vec::new(),
             dfa_cache: HashMap::new(),
             refs: HashMap::new(),
             anchors: HashMap::new(),
@@ -221,6 +225,7 @@ impl<'a> Compiler<'a> {
             };
             self.nodes[id as usize] = Node::Union(vec![built]);
         }
+        self.resolve_unique_arrays();
         if !self.productive(root) {
             return Err(err(
                 ErrorCode::InvalidSource,
@@ -263,8 +268,13 @@ impl<'a> Compiler<'a> {
             required_mask: 0,
             dep_mask: 0,
         }));
-        let array =
-            self.push(Node::Array(ArrayNode { prefix: Vec::new(), items: ANY, min_items: 0, max_items: u32::MAX }));
+        let array = self.push(Node::Array(ArrayNode {
+            prefix: Vec::new(),
+            items: ANY,
+            min_items: 0,
+            max_items: u32::MAX,
+            unique: None,
+        }));
         let string = self.push(Node::String(StringNode { min_len: 0, max_len: u32::MAX, patterns: Vec::new() }));
         let number = self.push(Node::Number(NumberNode { integer: false, min: None, max: None, multiple_of: None }));
         let lits = self.literal_node(&[b"true".to_vec(), b"false".to_vec(), b"null".to_vec()]);
@@ -715,12 +725,6 @@ impl<'a> Compiler<'a> {
                 return Ok(if alts.is_empty() { NEVER } else { self.push(Node::Union(alts)) });
             }
         }
-        if let Some(Value::Bool(true)) = map.get("uniqueItems") {
-            self.warnings.push(Warning {
-                location: format!("#{ptr}/uniqueItems"),
-                message: "`uniqueItems` is not enforced: an array may repeat items".into(),
-            });
-        }
         // enum / const: the literal values that also fit `type`.
         let mut values: Option<Vec<Value>> = None;
         if let Some(e) = map.get("enum") {
@@ -1152,12 +1156,57 @@ impl<'a> Compiler<'a> {
         if let Some(k) = prefix.iter().position(|&p| p == NEVER) {
             max_items = max_items.min(k as u32);
         }
+        if let Some(Value::Bool(true)) = map.get("uniqueItems") {
+            // Decided once every node is built (the items may be a `$ref` still pending).
+            self.unique_arrays.push((id, ptr.to_string()));
+        }
         if min_items > max_items {
             self.nodes[id as usize] = Node::Never;
             return Ok(id);
         }
-        self.nodes[id as usize] = Node::Array(ArrayNode { prefix, items, min_items, max_items });
+        self.nodes[id as usize] = Node::Array(ArrayNode { prefix, items, min_items, max_items, unique: None });
         Ok(id)
+    }
+
+    /// `uniqueItems`: enforced where every item comes from one small literal set (an `enum`
+    /// of strings, booleans, null), by remembering in the state which values were written;
+    /// elsewhere a warning (comparing arbitrary values would need each item's text in the
+    /// state). Runs once all nodes are built.
+    fn resolve_unique_arrays(&mut self) {
+        for (id, ptr) in std::mem::take(&mut self.unique_arrays) {
+            let Node::Array(a) = &self.nodes[id as usize] else { continue };
+            let (items, exact) = (a.items, a.prefix.is_empty());
+            match self.literal_set_of(items).filter(|&set| exact && self.literals[set as usize].len() <= 64) {
+                Some(set) => {
+                    let values = self.literals[set as usize].len() as u32;
+                    let Node::Array(a) = &mut self.nodes[id as usize] else { continue };
+                    a.unique = Some(set);
+                    a.max_items = a.max_items.min(values);
+                    if a.min_items > a.max_items {
+                        self.nodes[id as usize] = Node::Never;
+                    }
+                }
+                None => self.warnings.push(Warning {
+                    location: format!("#{ptr}/uniqueItems"),
+                    message: "`uniqueItems` is not enforced: an array may repeat items (it is enforced for \
+                              items from an `enum` of at most 64 strings, booleans or null)"
+                        .into(),
+                }),
+            }
+        }
+    }
+
+    /// The literal set node `id` is (through one-branch unions, as references compile to),
+    /// if it is one already built.
+    fn literal_set_of(&self, mut id: NodeId) -> Option<u32> {
+        for _ in 0..16 {
+            match &self.nodes[id as usize] {
+                Node::Literals(set) => return Some(*set),
+                Node::Union(alts) if alts.len() == 1 => id = alts[0],
+                _ => return None,
+            }
+        }
+        None
     }
 
     fn string(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {

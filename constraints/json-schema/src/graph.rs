@@ -160,6 +160,9 @@ pub struct ArrayNode {
     pub min_items: u32,
     /// `maxItems`.
     pub max_items: u32,
+    /// `uniqueItems` enforced exactly: the items are values of this literal set (an `enum` of
+    /// at most 64 strings, booleans or null), each written at most once.
+    pub unique: Option<u32>,
 }
 
 /// A string shape.
@@ -215,24 +218,53 @@ pub struct LiteralTrie {
     pub edges: Edges,
     /// Per node: whether a literal ends here.
     pub terminal: Vec<bool>,
+    /// Per node: the index of the literal that ends here (`u32::MAX` where none does).
+    pub value: Vec<u32>,
+    /// Per node: the literals (of the first 64) that end at or below it, as bits.
+    pub below: Vec<u64>,
 }
 
 impl LiteralTrie {
-    /// The trie of `values`.
+    /// The trie of `values`; equal values share their index (the first one's).
     pub fn build<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let mut t = LiteralTrie { edges: Edges::default(), terminal: vec![false] };
+        let mut t =
+            LiteralTrie { edges: Edges::default(), terminal: vec![false], value: vec![u32::MAX], below: vec![0] };
+        let mut count = 0u32;
         for v in values {
+            let mut path = vec![0usize];
             let mut n = 0usize;
             for &b in v {
                 let (next, new) = t.edges.child_or_insert(n, b);
                 if new {
                     t.terminal.push(false);
+                    t.value.push(u32::MAX);
+                    t.below.push(0);
                 }
                 n = next;
+                path.push(n);
             }
-            t.terminal[n] = true;
+            if !t.terminal[n] {
+                t.terminal[n] = true;
+                t.value[n] = count;
+                if count < 64 {
+                    for &p in &path {
+                        t.below[p] |= 1 << count;
+                    }
+                }
+                count += 1;
+            }
         }
         t
+    }
+
+    /// How many distinct literals the set holds.
+    pub fn len(&self) -> usize {
+        self.terminal.iter().filter(|&&t| t).count()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The child of `node` by `byte`.

@@ -136,14 +136,15 @@ pub enum Frame {
     Key { obj: NodeId, trie: u32, lo: u16, hi: u16, seen: u64 },
     /// Inside a key that is not declared (an additional property).
     FreeKey { obj: NodeId, trie: Option<u32>, chars: Chars, dfa: [u32; 4] },
-    /// Inside an array.
-    Arr { node: NodeId, phase: u8, count: u32 },
+    /// Inside an array; `used`: under an exact `uniqueItems`, the literals already written.
+    Arr { node: NodeId, phase: u8, count: u32, used: u64 },
     /// Inside a string.
     Str { node: NodeId, len: u32, chars: Chars, dfa: [u32; 2] },
     /// Inside a number; `value` is tracked (as f64 bits) only when the node has bounds.
     Num { node: NodeId, phase: u8, neg: bool, value: u64, frac: u16, exp: u16, exp_neg: bool },
-    /// Inside one of a literal set's strings.
-    Lit { set: u32, trie: u32 },
+    /// Inside one of a literal set's strings; `unique`: an item of an array with an exact
+    /// `uniqueItems`, with the literals already written there (which it must not repeat).
+    Lit { set: u32, trie: u32, unique: Option<u64> },
     /// Inside layout whitespace that must be written exactly (separators, indentation):
     /// [`Layout::pads`]`[text]`, `pos` bytes of it written.
     Pad { text: u16, pos: u16 },
@@ -655,16 +656,18 @@ impl SchemaRecognizer {
                 stack.push(Frame::FreeKey { obj, trie, chars, dfa });
                 out.push(stack);
             }
-            Frame::Arr { node, phase, count } => {
+            Frame::Arr { node, phase, count, used } => {
                 let Node::Array(a) = g.node(node) else { return };
+                // Under an exact `uniqueItems`, another item needs an unwritten literal.
+                let more = a.unique.is_none_or(|set| g.literals[set as usize].below[0] & !used != 0);
                 let indent = layout.indent.is_some();
                 match (phase, b) {
                     (ARR_OPEN, b']') if count >= a.min_items => out.push(stack),
                     (ARR_VALUE, b']') if !indent && count >= a.min_items => out.push(stack),
                     (ARR_CLOSE, b']') => out.push(stack),
-                    (ARR_VALUE, b',') if count < a.max_items && self.item_node(node, count).is_some() => {
+                    (ARR_VALUE, b',') if more && count < a.max_items && self.item_node(node, count).is_some() => {
                         let d = container_depth(&stack) + 1;
-                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count });
+                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used });
                         match layout.after_comma(d) {
                             Some(pad) if !layout.pads[pad as usize].is_empty() => {
                                 stack.push(Frame::Pad { text: pad, pos: 0 })
@@ -677,7 +680,7 @@ impl SchemaRecognizer {
                     (ARR_OPEN, b'\n') if indent && count < a.max_items && self.item_node(node, count).is_some() => {
                         let d = container_depth(&stack) + 1;
                         let Some(pad) = layout.line(d) else { return };
-                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count });
+                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used });
                         if layout.pads[pad as usize].len() > 1 {
                             stack.push(Frame::Pad { text: pad, pos: 1 });
                         }
@@ -686,7 +689,7 @@ impl SchemaRecognizer {
                     (ARR_VALUE, b'\n') if indent && count >= a.min_items => {
                         let d = container_depth(&stack);
                         let Some(pad) = layout.line(d) else { return };
-                        stack.push(Frame::Arr { node, phase: ARR_CLOSE, count });
+                        stack.push(Frame::Arr { node, phase: ARR_CLOSE, count, used });
                         if layout.pads[pad as usize].len() > 1 {
                             stack.push(Frame::Pad { text: pad, pos: 1 });
                         }
@@ -695,8 +698,14 @@ impl SchemaRecognizer {
                     (ARR_OPEN, _) if indent => {}
                     (ARR_OPEN | ARR_COMMA, _) if count < a.max_items => {
                         let Some(item) = self.item_node(node, count) else { return };
-                        stack.push(Frame::Arr { node, phase: ARR_VALUE, count: count + 1 });
-                        self.start_value(stack, item, b, out, depth + 1);
+                        stack.push(Frame::Arr { node, phase: ARR_VALUE, count: count + 1, used });
+                        match a.unique {
+                            Some(set) => {
+                                stack.push(Frame::Lit { set, trie: 0, unique: Some(used) });
+                                self.step(stack, b, out, depth + 1);
+                            }
+                            None => self.start_value(stack, item, b, out, depth + 1),
+                        }
                     }
                     _ => {}
                 }
@@ -767,16 +776,30 @@ impl SchemaRecognizer {
                     NumStep::Reject => {}
                 }
             }
-            Frame::Lit { set, trie } => {
+            Frame::Lit { set, trie, unique } => {
                 let lits = &g.literals[set as usize];
+                // Under an exact `uniqueItems`: only towards literals not written yet, and the
+                // one completed is recorded in the array.
+                let fresh = |node: u32| unique.is_none_or(|used| lits.below[node as usize] & !used != 0);
+                let complete = |node: u32| {
+                    lits.terminal[node as usize]
+                        && unique.is_none_or(|used| used >> lits.value[node as usize].min(63) & 1 == 0)
+                };
                 if let Some(t) = lits.child(trie, b) {
+                    if !fresh(t) {
+                        return;
+                    }
                     if lits.terminal[t as usize] && lits.edges.is_leaf(t) {
-                        out.push(stack);
+                        if complete(t) {
+                            mark_used(&mut stack, unique, lits.value[t as usize]);
+                            out.push(stack);
+                        }
                     } else {
-                        stack.push(Frame::Lit { set, trie: t });
+                        stack.push(Frame::Lit { set, trie: t, unique });
                         out.push(stack);
                     }
-                } else if lits.terminal[trie as usize] {
+                } else if complete(trie) {
+                    mark_used(&mut stack, unique, lits.value[trie as usize]);
                     self.step(stack, b, out, depth + 1);
                 }
             }
@@ -804,7 +827,7 @@ impl SchemaRecognizer {
             }
             Node::Array(_) => {
                 if b == b'[' {
-                    stack.push(Frame::Arr { node, phase: ARR_OPEN, count: 0 });
+                    stack.push(Frame::Arr { node, phase: ARR_OPEN, count: 0, used: 0 });
                     out.push(stack);
                 }
             }
@@ -831,7 +854,7 @@ impl SchemaRecognizer {
                 self.step(stack, b, out, depth + 1);
             }
             Node::Literals(set) => {
-                stack.push(Frame::Lit { set: *set, trie: 0 });
+                stack.push(Frame::Lit { set: *set, trie: 0, unique: None });
                 self.step(stack, b, out, depth + 1);
             }
         }
@@ -1358,7 +1381,7 @@ impl Recognizer for SchemaRecognizer {
                         _ => false,
                     }
                 }
-                (Some(Frame::Lit { set, trie }), Some(Frame::End), None) => {
+                (Some(Frame::Lit { set, trie, .. }), Some(Frame::End), None) => {
                     self.graph.literals[*set as usize].terminal[*trie as usize]
                 }
                 _ => false,
@@ -1375,5 +1398,16 @@ impl Recognizer for SchemaRecognizer {
 
     fn state_key(&self, state: &State) -> u64 {
         key::of(state)
+    }
+}
+
+/// Records literal `value` as written in the array below the top of `stack`, for an item
+/// under an exact `uniqueItems` (`unique` is `Some`); otherwise leaves the stack alone.
+fn mark_used(stack: &mut Config, unique: Option<u64>, value: u32) {
+    if unique.is_none() || value >= 64 {
+        return;
+    }
+    if let Some(Frame::Arr { node, phase, count, used }) = stack.pop() {
+        stack.push(Frame::Arr { node, phase, count, used: used | 1 << value });
     }
 }

@@ -129,5 +129,10 @@ fn fast_masks_equal_the_trie_walk() {
     compare(obj, r#"{"property_order":"any"}"#, r#"{"n":1"#);
     compare(r#"{"type":"array","items":{"type":"number","maximum":100}}"#, "{}", r#"[1,2.5"#);
     compare(r#"{"type":"array","items":{"enum":["abc","abd",null,true,12]}}"#, "{}", r#"["#);
+    let unique = r#"{"type":"array","items":{"enum":["abc","abd","name",null,true]},"uniqueItems":true}"#;
+    compare(unique, "{}", r#"["#);
+    compare(unique, "{}", r#"["abc","#);
+    compare(unique, "{}", r#"["abc",null,"ab"#);
+    compare(unique, "{}", r#"["abc",null,true,"name""#);
     compare(r#"{}"#, "{}", r#"{"a":[1,{"b":"#);
 }

@@ -1,5 +1,6 @@
 //! The recogniser on hand-written schemas: exactly the valid compact documents are accepted.
 
+use dspark_guest::Recognizer;
 use dspark_plugin_json_schema::compile_recognizer;
 
 fn check(schema: &str, options: &str, valid: &[&str], invalid: &[&str]) {
@@ -223,4 +224,60 @@ fn bounds_beyond_two_to_the_53_come_with_a_warning() {
     let (_, warnings) =
         compile_recognizer("json-schema", r#"{"type":"integer","maximum":9007199254740992}"#, "{}").unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn unique_items_from_an_enum_are_enforced() {
+    let compile = |s: &str| compile_recognizer("json-schema", s, "{}").unwrap();
+    let (rec, warnings) = compile(r#"{"type":"array","items":{"enum":["a","b","c"]},"uniqueItems":true}"#);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    for ok in [r#"[]"#, r#"["a","b"]"#, r#"["c","a","b"]"#] {
+        assert!(rec.matches(ok.as_bytes()), "{ok}");
+    }
+    for bad in [r#"["a","a"]"#, r#"["a","b","a"]"#, r#"["c","b","a","a"]"#] {
+        assert!(!rec.matches(bad.as_bytes()), "{bad}");
+    }
+    // Once every value is written no comma is offered: no dead end.
+    let mut s = rec.start();
+    for &b in br#"["a","b","c""# {
+        s = rec.advance(&s, b).unwrap();
+    }
+    assert!(rec.advance(&s, b',').is_none());
+    assert!(rec.advance(&s, b']').is_some());
+    // Mid-item, only towards values not written yet.
+    let mut s = rec.start();
+    for &b in br#"["a","#.iter() {
+        s = rec.advance(&s, b).unwrap();
+    }
+    assert!(rec.advance(&s, b'"').is_some());
+    let quote = rec.advance(&s, b'"').unwrap();
+    assert!(rec.advance(&quote, b'a').is_none(), "`a` is written already");
+    assert!(rec.advance(&quote, b'b').is_some());
+
+    // Values that are prefixes of each other.
+    let (rec, _) = compile(r#"{"type":"array","items":{"enum":["ab","abc"]},"uniqueItems":true}"#);
+    assert!(rec.matches(br#"["abc","ab"]"#));
+    assert!(rec.matches(br#"["ab","abc"]"#));
+    assert!(!rec.matches(br#"["ab","ab"]"#));
+    // Booleans, through a `$ref`.
+    let (rec, warnings) = compile(
+        r##"{"type":"array","items":{"$ref":"#/$defs/b"},"uniqueItems":true,"$defs":{"b":{"enum":[true,false]}}}"##,
+    );
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(rec.matches(b"[true,false]"));
+    assert!(!rec.matches(b"[false,false]"));
+    // More items required than there are values: nothing is valid.
+    assert!(
+        compile_recognizer(
+            "json-schema",
+            r#"{"type":"array","items":{"enum":["a"]},"uniqueItems":true,"minItems":2}"#,
+            "{}"
+        )
+        .is_err()
+    );
+    // Items that are not from a small literal set: a warning, not enforced.
+    let (rec, warnings) = compile(r#"{"type":"array","items":{"type":"string"},"uniqueItems":true}"#);
+    assert_eq!(warnings.len(), 1);
+    assert_eq!(warnings[0].location, "#/uniqueItems");
+    assert!(rec.matches(br#"["x","x"]"#));
 }
