@@ -674,6 +674,12 @@ impl<'a> Compiler<'a> {
                     .ok_or_else(|| err(ErrorCode::InvalidSource, ptr, format!("`{kw}` must be an array")))?;
                 let base: Map<String, Value> =
                     map.iter().filter(|(k, _)| *k != kw).map(|(k, v)| (k.clone(), v.clone())).collect();
+                if kw == "oneOf"
+                    && !disjoint_types(branches)
+                    && let Some(id) = self.exclusive_one_of(&base, branches, ptr)
+                {
+                    return Ok(id);
+                }
                 let mut alts = Vec::new();
                 for (i, b) in branches.iter().enumerate() {
                     let bptr = format!("{ptr}/{kw}/{i}");
@@ -1192,6 +1198,52 @@ impl<'a> Compiler<'a> {
                               items from an `enum` of at most 64 strings, booleans or null)"
                         .into(),
                 }),
+            }
+        }
+    }
+
+    /// `oneOf` exactly, where the branches can be negated (the forms `if` takes: `type`,
+    /// `required`, `properties`, `const`, `enum`, bounds): the union over `i` of branch `i`
+    /// with every other branch failing, each failure one of its ways to fail, at most 64
+    /// cases. Tried only without `$ref`s (everything compiles at once, so a form the merge
+    /// cannot take is an error here and the caller falls back to `anyOf` with a warning).
+    fn exclusive_one_of(&mut self, base: &Map<String, Value>, branches: &[Value], ptr: &str) -> Option<NodeId> {
+        const MAX_CASES: usize = 64;
+        if branches.len() > 8 || has_ref(&Value::Object(base.clone())) || branches.iter().any(has_ref) {
+            return None;
+        }
+        let mut failures: Vec<Vec<Value>> = Vec::with_capacity(branches.len());
+        for (j, b) in branches.iter().enumerate() {
+            failures.push(disjuncts(negate(b, &format!("{ptr}/oneOf/{j}")).ok()?));
+        }
+        let mut cases: Vec<Value> = Vec::new();
+        for (i, b) in branches.iter().enumerate() {
+            let mut partial: Vec<Vec<Value>> = vec![vec![b.clone()]];
+            for (_, ways) in failures.iter().enumerate().filter(|&(j, _)| j != i) {
+                let mut next = Vec::with_capacity(partial.len() * ways.len());
+                for p in &partial {
+                    for w in ways {
+                        let mut q = p.clone();
+                        q.push(w.clone());
+                        next.push(q);
+                    }
+                }
+                if cases.len() + next.len() > MAX_CASES {
+                    return None;
+                }
+                partial = next;
+            }
+            cases.extend(partial.into_iter().map(|parts| serde_json::json!({ "allOf": parts })));
+        }
+        let mut map = base.clone();
+        map.insert("anyOf".into(), Value::Array(cases));
+        let (warnings, unique) = (self.warnings.len(), self.unique_arrays.len());
+        match self.compile_map(map, ptr) {
+            Ok(id) => Some(id),
+            Err(_) => {
+                self.warnings.truncate(warnings);
+                self.unique_arrays.truncate(unique);
+                None
             }
         }
     }
@@ -1722,6 +1774,17 @@ fn negate(v: &Value, at: &str) -> Result<Value, ConstraintError> {
         1 => cases.remove(0),
         _ => json!({ "anyOf": cases }),
     })
+}
+
+/// Whether a schema has a reference anywhere inside.
+fn has_ref(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => {
+            m.keys().any(|k| matches!(k.as_str(), "$ref" | "$dynamicRef" | "$recursiveRef")) || m.values().any(has_ref)
+        }
+        Value::Array(a) => a.iter().any(has_ref),
+        _ => false,
+    }
 }
 
 /// The branches of a schema that is a bare `anyOf`, else the schema itself.

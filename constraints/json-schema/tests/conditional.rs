@@ -161,3 +161,23 @@ fn keywords_beside_an_any_of_apply_to_its_ref_branches_in_draft_4() {
         "anyOf": [{"$ref": "#/definitions/s", "maxLength": 1}], "definitions": {"s": {"type": "string"}}}"##;
     assert!(accepts(own, r#""long""#));
 }
+
+#[test]
+fn one_of_is_exact_where_its_branches_can_be_negated() {
+    let xor = r#"{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}"#;
+    let (_, warnings) = compile_recognizer("json-schema", xor, "{}").unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(accepts(xor, r#"{"a":1}"#));
+    assert!(accepts(xor, r#"{"b":2}"#));
+    assert!(!accepts(xor, r#"{"a":1,"b":2}"#), "both branches hold");
+    assert!(!accepts(xor, r#"{}"#), "neither holds");
+    let shapes = r#"{"oneOf": [{"type": "string", "maxLength": 3}, {"type": "string", "minLength": 2}]}"#;
+    assert!(accepts(shapes, r#""a""#));
+    assert!(accepts(shapes, r#""abcd""#));
+    assert!(!accepts(shapes, r#""ab""#), "both branches hold");
+    // A branch whose failure cannot be enforced: `anyOf` with a warning, as before.
+    let (_, warnings) =
+        compile_recognizer("json-schema", r#"{"oneOf": [{"type": "integer"}, {"minimum": 2}]}"#, "{}").unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+}
