@@ -8,8 +8,9 @@
 //! - `allOf` branches are merged into one schema (properties merged per key, `required`
 //!   united, bounds tightened, `type` intersected); what cannot be merged is an error naming
 //!   the keyword.
-//! - `oneOf` is enforced as `anyOf` (a warning says so) unless its branches have disjoint
-//!   types.
+//! - `oneOf` is exact where its branches have disjoint types, or where they can be negated
+//!   (the forms `if` takes, no `$ref`): the union of each branch with every other failing.
+//!   Elsewhere it is enforced as `anyOf`, and a warning says so.
 //! - `dependentRequired` and array-valued `dependencies` track the presence of the properties
 //!   involved (at most 64 per object; not together with `maxProperties`); in schema order a
 //!   trigger is offered only while what it requires can still follow it.
