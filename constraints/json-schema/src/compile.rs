@@ -1206,13 +1206,29 @@ impl<'a> Compiler<'a> {
     /// `oneOf` exactly, where the branches can be negated (the forms `if` takes: `type`,
     /// `required`, `properties`, `const`, `enum`, bounds): the union over `i` of branch `i`
     /// with every other branch failing, each failure one of its ways to fail, at most 64
-    /// cases. Tried only without `$ref`s (everything compiles at once, so a form the merge
-    /// cannot take is an error here and the caller falls back to `anyOf` with a warning).
+    /// cases. Tried only where no `$ref` remains once branches that are a bare `$ref` are
+    /// inlined (everything compiles at once, so a form the merge cannot take is an error here
+    /// and the caller falls back to `anyOf` with a warning).
     fn exclusive_one_of(&mut self, base: &Map<String, Value>, branches: &[Value], ptr: &str) -> Option<NodeId> {
         const MAX_CASES: usize = 64;
-        if branches.len() > 8 || has_ref(&Value::Object(base.clone())) || branches.iter().any(has_ref) {
+        if branches.len() > 8 || has_ref(&Value::Object(base.clone())) {
             return None;
         }
+        // A branch that is a bare `$ref` to a schema without references is that schema.
+        let mut inlined = Vec::with_capacity(branches.len());
+        for b in branches {
+            let target = match b.as_object().and_then(|m| m.get("$ref")) {
+                Some(Value::String(r)) if b.as_object().is_some_and(|m| m.len() == 1) => {
+                    self.resolve(r, ptr).ok()?.0.clone()
+                }
+                _ => b.clone(),
+            };
+            if has_ref(&target) {
+                return None;
+            }
+            inlined.push(target);
+        }
+        let branches = &inlined[..];
         let mut failures: Vec<Vec<Value>> = Vec::with_capacity(branches.len());
         for (j, b) in branches.iter().enumerate() {
             failures.push(disjuncts(negate(b, &format!("{ptr}/oneOf/{j}")).ok()?));

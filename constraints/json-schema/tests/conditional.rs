@@ -181,3 +181,13 @@ fn one_of_is_exact_where_its_branches_can_be_negated() {
         compile_recognizer("json-schema", r#"{"oneOf": [{"type": "integer"}, {"minimum": 2}]}"#, "{}").unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
 }
+
+#[test]
+fn one_of_branches_that_are_references_are_inlined() {
+    let schema = r##"{"type": "object", "oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+        "$defs": {"a": {"required": ["a"]}, "b": {"required": ["b"]}}}"##;
+    let (_, warnings) = compile_recognizer("json-schema", schema, "{}").unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(accepts(schema, r#"{"a":1}"#));
+    assert!(!accepts(schema, r#"{"a":1,"b":2}"#));
+}
