@@ -1211,7 +1211,7 @@ impl<'a> Compiler<'a> {
     /// and the caller falls back to `anyOf` with a warning).
     fn exclusive_one_of(&mut self, base: &Map<String, Value>, branches: &[Value], ptr: &str) -> Option<NodeId> {
         const MAX_CASES: usize = 64;
-        if branches.len() > 8 || has_ref(&Value::Object(base.clone())) {
+        if branches.len() > 8 || has_ref_in(base) {
             return None;
         }
         // A branch that is a bare `$ref` to a schema without references is that schema.
@@ -1796,12 +1796,15 @@ fn negate(v: &Value, at: &str) -> Result<Value, ConstraintError> {
 /// Whether a schema has a reference anywhere inside.
 fn has_ref(v: &Value) -> bool {
     match v {
-        Value::Object(m) => {
-            m.keys().any(|k| matches!(k.as_str(), "$ref" | "$dynamicRef" | "$recursiveRef")) || m.values().any(has_ref)
-        }
+        Value::Object(m) => has_ref_in(m),
         Value::Array(a) => a.iter().any(has_ref),
         _ => false,
     }
+}
+
+/// [`has_ref`] for a keyword map.
+fn has_ref_in(m: &Map<String, Value>) -> bool {
+    m.keys().any(|k| matches!(k.as_str(), "$ref" | "$dynamicRef" | "$recursiveRef")) || m.values().any(has_ref)
 }
 
 /// The branches of a schema that is a bare `anyOf`, else the schema itself.
