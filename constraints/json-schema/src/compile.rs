@@ -20,8 +20,10 @@
 //!   `if`/`then`/`else`, dependent schemas other than `{required}` and `{not: {required}}`, `contains`,
 //!   `unevaluated*`, dynamic refs) are errors naming pointer and keyword: never silently
 //!   ignored. `uniqueItems` is enforced where the items come from an `enum` of at most 64
-//!   strings, booleans or null (the state remembers which were written); elsewhere it is a
-//!   warning. Unknown keywords are ignored, as JSON Schema says, with a warning.
+//!   strings, booleans or null (the state remembers which were written) and where they are
+//!   strings with no pattern, format or `maxLength` (the state remembers a 64-bit hash of
+//!   each item's decoded text, and a closing quote that would repeat one is refused);
+//!   elsewhere it is a warning. Unknown keywords are ignored, as JSON Schema says, with a warning.
 //! - Regex `pattern`s use the Rust syntax with ECMA-262's ASCII meaning of `\d` and `\w`.
 
 use std::collections::HashMap;
@@ -275,6 +277,7 @@ impl<'a> Compiler<'a> {
             min_items: 0,
             max_items: u32::MAX,
             unique: None,
+            unique_text: false,
         }));
         let string = self.push(Node::String(StringNode { min_len: 0, max_len: u32::MAX, patterns: Vec::new() }));
         let number = self.push(Node::Number(NumberNode { integer: false, min: None, max: None, multiple_of: None }));
@@ -1171,14 +1174,18 @@ impl<'a> Compiler<'a> {
             self.nodes[id as usize] = Node::Never;
             return Ok(id);
         }
-        self.nodes[id as usize] = Node::Array(ArrayNode { prefix, items, min_items, max_items, unique: None });
+        self.nodes[id as usize] =
+            Node::Array(ArrayNode { prefix, items, min_items, max_items, unique: None, unique_text: false });
         Ok(id)
     }
 
     /// `uniqueItems`: enforced where every item comes from one small literal set (an `enum`
-    /// of strings, booleans, null), by remembering in the state which values were written;
-    /// elsewhere a warning (comparing arbitrary values would need each item's text in the
-    /// state). Runs once all nodes are built.
+    /// of strings, booleans, null), by remembering in the state which values were written,
+    /// and where every item is an open string (no pattern, no `maxLength`: whatever has been
+    /// written can be extended, so refusing the closing quote of a repeat never leaves the
+    /// writer stuck), by remembering a hash of each item's decoded text; elsewhere a warning
+    /// (other values could repeat in ways that are only visible once they end, with no way
+    /// to avoid it by then). Runs once all nodes are built.
     fn resolve_unique_arrays(&mut self) {
         for (id, ptr) in std::mem::take(&mut self.unique_arrays) {
             let Node::Array(a) = &self.nodes[id as usize] else { continue };
@@ -1193,12 +1200,20 @@ impl<'a> Compiler<'a> {
                         self.nodes[id as usize] = Node::Never;
                     }
                 }
-                None => self.warnings.push(Warning {
-                    location: format!("#{ptr}/uniqueItems"),
-                    message: "`uniqueItems` is not enforced: an array may repeat items (it is enforced for \
-                              items from an `enum` of at most 64 strings, booleans or null)"
-                        .into(),
-                }),
+                None => match self.open_string_of(items).filter(|_| exact) {
+                    Some(string) => {
+                        let Node::Array(a) = &mut self.nodes[id as usize] else { continue };
+                        a.items = string;
+                        a.unique_text = true;
+                    }
+                    None => self.warnings.push(Warning {
+                        location: format!("#{ptr}/uniqueItems"),
+                        message: "`uniqueItems` is not enforced: an array may repeat items (it is enforced for \
+                              items from an `enum` of at most 64 strings, booleans or null, and for \
+                              strings with no `pattern`, `format` or `maxLength`)"
+                            .into(),
+                    }),
+                },
             }
         }
     }
@@ -1263,6 +1278,19 @@ impl<'a> Compiler<'a> {
                 None
             }
         }
+    }
+
+    /// The string node that node `id` is (following one-branch unions), if any prefix of it
+    /// can be extended: no pattern or format, no `maxLength`.
+    fn open_string_of(&self, mut id: NodeId) -> Option<NodeId> {
+        for _ in 0..16 {
+            match &self.nodes[id as usize] {
+                Node::String(s) if s.patterns.is_empty() && s.max_len == u32::MAX => return Some(id),
+                Node::Union(alts) if alts.len() == 1 => id = alts[0],
+                _ => return None,
+            }
+        }
+        None
     }
 
     /// The literal set node `id` is (through one-branch unions, as references compile to),

@@ -163,6 +163,10 @@ pub struct ArrayNode {
     /// `uniqueItems` enforced exactly: the items are values of this literal set (an `enum` of
     /// at most 64 strings, booleans or null), each written at most once.
     pub unique: Option<u32>,
+    /// `uniqueItems` enforced exactly over open strings: every item is a string with no
+    /// pattern and no `maxLength`, so a repeat can always be avoided by writing on; the
+    /// array's state remembers a hash of each item's decoded text.
+    pub unique_text: bool,
 }
 
 /// A string shape.

@@ -7,6 +7,7 @@
 //! that equal futures get equal state keys and the host's path tree stays small.
 
 use std::collections::HashMap;
+use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
 use regex_automata::dfa::Automaton;
@@ -56,6 +57,8 @@ pub struct Chars {
     low: bool,
     /// The `\u` code unit read so far.
     hex: u16,
+    /// While a low surrogate's `\u` escape is read: the high surrogate before it.
+    high: u16,
 }
 
 /// The state of a content-class walk: string escapes/UTF-8, automaton states, characters.
@@ -136,10 +139,12 @@ pub enum Frame {
     Key { obj: NodeId, trie: u32, lo: u16, hi: u16, seen: u64 },
     /// Inside a key that is not declared (an additional property).
     FreeKey { obj: NodeId, trie: Option<u32>, chars: Chars, dfa: [u32; 4] },
-    /// Inside an array; `used`: under an exact `uniqueItems`, the literals already written.
-    Arr { node: NodeId, phase: u8, count: u32, used: u64 },
-    /// Inside a string.
-    Str { node: NodeId, len: u32, chars: Chars, dfa: [u32; 2] },
+    /// Inside an array; `used`: under an exact `uniqueItems` over literals, those already
+    /// written; `texts`: under one over open strings, the sorted hashes of the items written.
+    Arr { node: NodeId, phase: u8, count: u32, used: u64, texts: Option<Arc<Vec<u64>>> },
+    /// Inside a string; `text`: for an item under an exact `uniqueItems` over open strings,
+    /// the hash of its decoded text so far (see [`extend_text`]).
+    Str { node: NodeId, len: u32, chars: Chars, dfa: [u32; 2], text: Option<NonZeroU64> },
     /// Inside a number; `value` is tracked (as f64 bits) only when the node has bounds.
     Num { node: NodeId, phase: u8, neg: bool, value: u64, frac: u16, exp: u16, exp_neg: bool },
     /// Inside one of a literal set's strings; `unique`: an item of an array with an exact
@@ -181,6 +186,29 @@ impl State {
         let mut first = self.single()?.clone();
         match first.pop()? {
             Frame::FreeKey { obj, chars, dfa, .. } => first.push(Frame::FreeKey { obj, trie: None, chars, dfa }),
+            _ => return None,
+        }
+        Some(State { first, more: Vec::new() })
+    }
+
+    /// For a single configuration inside an item string under an exact `uniqueItems`: the
+    /// hash of its text so far and the hashes of the array's items already written.
+    pub(crate) fn tracked_text(&self) -> Option<(NonZeroU64, Option<Arc<Vec<u64>>>)> {
+        let mut frames = self.single()?.iter();
+        let Some(Frame::Str { text: Some(h), .. }) = frames.next() else { return None };
+        match frames.next() {
+            Some(Frame::Arr { texts, .. }) => Some((*h, texts.clone())),
+            _ => None,
+        }
+    }
+
+    /// For a single configuration inside an item string under an exact `uniqueItems`: the
+    /// same state with the text no longer tracked, so that its closing quote is judged as
+    /// for any string (the caller checks the repeat itself).
+    pub(crate) fn untracked_text(&self) -> Option<State> {
+        let mut first = self.single()?.clone();
+        match first.pop()? {
+            Frame::Str { node, len, chars, dfa, .. } => first.push(Frame::Str { node, len, chars, dfa, text: None }),
             _ => return None,
         }
         Some(State { first, more: Vec::new() })
@@ -656,7 +684,7 @@ impl SchemaRecognizer {
                 stack.push(Frame::FreeKey { obj, trie, chars, dfa });
                 out.push(stack);
             }
-            Frame::Arr { node, phase, count, used } => {
+            Frame::Arr { node, phase, count, used, texts } => {
                 let Node::Array(a) = g.node(node) else { return };
                 // Under an exact `uniqueItems`, another item needs an unwritten literal.
                 let more = a.unique.is_none_or(|set| g.literals[set as usize].below[0] & !used != 0);
@@ -667,7 +695,7 @@ impl SchemaRecognizer {
                     (ARR_CLOSE, b']') => out.push(stack),
                     (ARR_VALUE, b',') if more && count < a.max_items && self.item_node(node, count).is_some() => {
                         let d = container_depth(&stack) + 1;
-                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used });
+                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used, texts });
                         match layout.after_comma(d) {
                             Some(pad) if !layout.pads[pad as usize].is_empty() => {
                                 stack.push(Frame::Pad { text: pad, pos: 0 })
@@ -680,7 +708,7 @@ impl SchemaRecognizer {
                     (ARR_OPEN, b'\n') if indent && count < a.max_items && self.item_node(node, count).is_some() => {
                         let d = container_depth(&stack) + 1;
                         let Some(pad) = layout.line(d) else { return };
-                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used });
+                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used, texts });
                         if layout.pads[pad as usize].len() > 1 {
                             stack.push(Frame::Pad { text: pad, pos: 1 });
                         }
@@ -689,7 +717,7 @@ impl SchemaRecognizer {
                     (ARR_VALUE, b'\n') if indent && count >= a.min_items => {
                         let d = container_depth(&stack);
                         let Some(pad) = layout.line(d) else { return };
-                        stack.push(Frame::Arr { node, phase: ARR_CLOSE, count, used });
+                        stack.push(Frame::Arr { node, phase: ARR_CLOSE, count, used, texts });
                         if layout.pads[pad as usize].len() > 1 {
                             stack.push(Frame::Pad { text: pad, pos: 1 });
                         }
@@ -698,11 +726,25 @@ impl SchemaRecognizer {
                     (ARR_OPEN, _) if indent => {}
                     (ARR_OPEN | ARR_COMMA, _) if count < a.max_items => {
                         let Some(item) = self.item_node(node, count) else { return };
-                        stack.push(Frame::Arr { node, phase: ARR_VALUE, count: count + 1, used });
+                        stack.push(Frame::Arr { node, phase: ARR_VALUE, count: count + 1, used, texts });
                         match a.unique {
                             Some(set) => {
                                 stack.push(Frame::Lit { set, trie: 0, unique: Some(used) });
                                 self.step(stack, b, out, depth + 1);
+                            }
+                            // An open string whose text is tracked from its first byte.
+                            None if a.unique_text => {
+                                if b == b'"' {
+                                    let text = Some(TEXT_START);
+                                    stack.push(Frame::Str {
+                                        node: item,
+                                        len: 0,
+                                        chars: Chars::default(),
+                                        dfa: [0; 2],
+                                        text,
+                                    });
+                                    out.push(stack);
+                                }
                             }
                             None => self.start_value(stack, item, b, out, depth + 1),
                         }
@@ -710,11 +752,11 @@ impl SchemaRecognizer {
                     _ => {}
                 }
             }
-            Frame::Str { node, len, chars, dfa } => {
+            Frame::Str { node, len, chars, dfa, text } => {
                 let Node::String(s) = g.node(node) else { return };
                 let free = chars.esc == 0 && chars.utf8 == 0;
                 if free && b == b'"' {
-                    if len >= s.min_len && self.patterns_accept(node, dfa) {
+                    if len >= s.min_len && self.patterns_accept(node, dfa) && record_text(&mut stack, text) {
                         out.push(stack);
                     }
                     return;
@@ -726,6 +768,7 @@ impl SchemaRecognizer {
                     return;
                 }
                 let Some(next_chars) = advance_chars(chars, b) else { return };
+                let text = text.map(|h| hash_text(h, text_bytes(chars, next_chars, b).as_slice()));
                 // Feed the decoded bytes to the pattern automata.
                 let mut dfa = dfa;
                 if !s.patterns.is_empty() {
@@ -758,7 +801,7 @@ impl SchemaRecognizer {
                     }
                 }
                 let len = if s.min_len > 0 || s.max_len < u32::MAX { len } else { 0 };
-                stack.push(Frame::Str { node, len, chars: next_chars, dfa });
+                stack.push(Frame::Str { node, len, chars: next_chars, dfa, text });
                 out.push(stack);
             }
             Frame::Num { node, phase, neg, value, frac, exp, exp_neg } => {
@@ -827,7 +870,7 @@ impl SchemaRecognizer {
             }
             Node::Array(_) => {
                 if b == b'[' {
-                    stack.push(Frame::Arr { node, phase: ARR_OPEN, count: 0, used: 0 });
+                    stack.push(Frame::Arr { node, phase: ARR_OPEN, count: 0, used: 0, texts: None });
                     out.push(stack);
                 }
             }
@@ -837,7 +880,7 @@ impl SchemaRecognizer {
                     for (k, &p) in s.patterns.iter().enumerate().take(2) {
                         dfa[k] = self.dfa_start(p);
                     }
-                    stack.push(Frame::Str { node, len: 0, chars: Chars::default(), dfa });
+                    stack.push(Frame::Str { node, len: 0, chars: Chars::default(), dfa, text: None });
                     out.push(stack);
                 }
             }
@@ -1232,7 +1275,7 @@ pub(crate) fn advance_chars(c: Chars, b: u8) -> Option<Chars> {
             _ => None,
         },
         6 => (b == b'\\').then_some(Chars { esc: 7, ..c }),
-        7 => (b == b'u').then_some(Chars { esc: 5, hex: 0, low: true, ..Chars::default() }),
+        7 => (b == b'u').then_some(Chars { esc: 5, hex: 0, low: true, high: c.hex, ..Chars::default() }),
         2..=5 => {
             let h = (b as char).to_digit(16)? as u16;
             let hex = c.hex << 4 | h;
@@ -1407,7 +1450,66 @@ fn mark_used(stack: &mut Config, unique: Option<u64>, value: u32) {
     if unique.is_none() || value >= 64 {
         return;
     }
-    if let Some(Frame::Arr { node, phase, count, used }) = stack.pop() {
-        stack.push(Frame::Arr { node, phase, count, used: used | 1 << value });
+    if let Some(Frame::Arr { node, phase, count, used, texts }) = stack.pop() {
+        stack.push(Frame::Arr { node, phase, count, used: used | 1 << value, texts });
+    }
+}
+
+/// The bytes of the decoded string that raw byte `b` completes, as [`decoded_bytes`] but
+/// with a surrogate pair decoded to its own character (patterns see U+FFFD there), so that
+/// a character hashes the same escaped or not.
+fn text_bytes(before: Chars, after: Chars, b: u8) -> Decoded {
+    if before.esc == 2 && before.low {
+        let low = (before.hex << 4) | (b as char).to_digit(16).unwrap_or(0) as u16;
+        let code = 0x10000 + ((before.high as u32).wrapping_sub(0xD800) << 10) + (low as u32).wrapping_sub(0xDC00);
+        let mut d = Decoded { buf: [0; 4], len: 0 };
+        d.len = char::from_u32(code).unwrap_or('\u{FFFD}').encode_utf8(&mut d.buf).len();
+        return d;
+    }
+    decoded_bytes(before, after, b)
+}
+
+/// The hash of an empty tracked string (FNV-1a's offset basis).
+const TEXT_START: NonZeroU64 = NonZeroU64::new(0xcbf2_9ce4_8422_2325).unwrap();
+
+/// Extends the hash of a tracked string's decoded text by `decoded` bytes: FNV-1a, kept off
+/// zero. Items are compared by this 64-bit hash: two different texts that collide (about
+/// 2^-64 per pair) would make the second unwritable, never a repeat writable.
+fn hash_text(h: NonZeroU64, decoded: &[u8]) -> NonZeroU64 {
+    let mut h = h.get();
+    for &b in decoded {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    NonZeroU64::new(h).unwrap_or(NonZeroU64::MIN)
+}
+
+/// The hash of a tracked string whose text so far hashes to `h`, after the raw (JSON-escaped)
+/// bytes `raw` written from between characters; `None` when `raw` is not string content.
+pub(crate) fn extend_text(h: NonZeroU64, raw: &[u8]) -> Option<NonZeroU64> {
+    let (mut c, mut h) = (Chars::default(), h);
+    for &b in raw {
+        let next = advance_chars(c, b)?;
+        h = hash_text(h, text_bytes(c, next, b).as_slice());
+        c = next;
+    }
+    Some(h)
+}
+
+/// At the closing quote of a string: records a tracked item's text in the array below the
+/// top of `stack`; `false` when that array holds the same text already (a repeat).
+fn record_text(stack: &mut Config, text: Option<NonZeroU64>) -> bool {
+    let Some(h) = text else { return true };
+    if !matches!(stack.top(), Some(Frame::Arr { .. })) {
+        return true;
+    }
+    let Some(Frame::Arr { node, phase, count, used, texts }) = stack.pop() else { return true };
+    let mut items = texts.as_deref().cloned().unwrap_or_default();
+    match items.binary_search(&h.get()) {
+        Ok(_) => false,
+        Err(at) => {
+            items.insert(at, h.get());
+            stack.push(Frame::Arr { node, phase, count, used, texts: Some(Arc::new(items)) });
+            true
+        }
     }
 }

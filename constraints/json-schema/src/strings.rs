@@ -9,12 +9,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use dspark_guest::{TokenSet, TokenTable, TokenTrie};
+use dspark_guest::{Recognizer, TokenSet, TokenTable, TokenTrie};
 
 pub use crate::recognizer::PatternClassCache;
 
 use crate::graph::Node;
-use crate::recognizer::{Chars, ClassKey, Frame, SchemaRecognizer, State};
+use crate::recognizer::{Chars, ClassKey, Frame, SchemaRecognizer, State, extend_text};
 
 /// Token classes of one table.
 pub struct StringSets {
@@ -227,7 +227,8 @@ pub fn fill_string_mask(rec: &SchemaRecognizer, state: &State, table: &TokenTabl
     }
     for c in &configs {
         if eligible(rec, c) {
-            fill_one(rec, c, table, set, &|trie: &TokenTrie, set: &mut TokenSet| rec.fill_trie_by_table(c, trie, set));
+            let walk = |trie: &TokenTrie, set: &mut TokenSet| rec.fill_trie_by_table(c, trie, set);
+            fill_one(rec, c, table, set, &walk, false);
         } else {
             rec.fill_by_table(c, table, set);
         }
@@ -254,7 +255,7 @@ pub fn fill_embedded_string_mask(
     if state.single().is_none() || !eligible(rec, state) {
         return false;
     }
-    fill_one(rec, state, table, set, outer_walk);
+    fill_one(rec, state, table, set, outer_walk, true);
     true
 }
 
@@ -277,8 +278,16 @@ fn eligible_config(state: &State) -> bool {
 }
 
 /// Fills the mask of one in-string state; the tokens that need checking (escapes, closing
-/// quotes) are decided by walking their sub-tries with `walk`.
-fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut TokenSet, walk: SubTrieWalk<'_>) {
+/// quotes) are decided by walking their sub-tries with `walk` (the outer recogniser's walk
+/// when `embedded`).
+fn fill_one(
+    rec: &SchemaRecognizer,
+    state: &State,
+    table: &TokenTable,
+    set: &mut TokenSet,
+    walk: SubTrieWalk<'_>,
+    embedded: bool,
+) {
     let sets = sets_for(table);
     let g = rec.graph();
     match state.single().and_then(|c| c.top()) {
@@ -286,10 +295,27 @@ fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut
             let Node::String(s) = g.node(*node) else { return };
             if s.patterns.is_empty() && s.max_len == u32::MAX {
                 or_into(set, &sets.content);
-                if *len >= s.min_len {
-                    sets.tails.fill(set, walk, |_, _| true);
-                } else {
-                    walk(&sets.closing_trie, set);
+                let tracked = state.tracked_text();
+                match (tracked, state.untracked_text()) {
+                    // An item under an exact `uniqueItems`: a closing token is allowed when its
+                    // tail is (judged as for any string) and its text repeats no item.
+                    (Some((h, items)), Some(free)) if !embedded && *len >= s.min_len => {
+                        let fresh = |t: u32, prefix: usize| {
+                            let bytes = table.token_bytes(t);
+                            // A tail that also closes the next item (`","a"`) is judged whole.
+                            if bytes[prefix + 1..].iter().filter(|&&b| b == b'"').count() >= 2 {
+                                return accepts(rec, state, bytes);
+                            }
+                            match extend_text(h, &bytes[..prefix]) {
+                                Some(h) => items.as_ref().is_none_or(|items| items.binary_search(&h.get()).is_err()),
+                                None => false,
+                            }
+                        };
+                        let walk_free = |trie: &TokenTrie, ok: &mut TokenSet| rec.fill_trie_by_table(&free, trie, ok);
+                        sets.tails.fill(set, &walk_free, fresh);
+                    }
+                    (None, _) if *len >= s.min_len => sets.tails.fill(set, walk, |_, _| true),
+                    _ => walk(&sets.closing_trie, set),
                 }
                 return;
             }
@@ -367,6 +393,18 @@ fn fill_one(rec: &SchemaRecognizer, state: &State, table: &TokenTable, set: &mut
         }
         _ => {}
     }
+}
+
+/// Whether `state` takes all of `bytes`.
+fn accepts(rec: &SchemaRecognizer, state: &State, bytes: &[u8]) -> bool {
+    let mut s = state.clone();
+    for &b in bytes {
+        match rec.advance(&s, b) {
+            Some(next) => s = next,
+            None => return false,
+        }
+    }
+    true
 }
 
 fn or_into(set: &mut TokenSet, bits: &TokenSet) {

@@ -134,5 +134,11 @@ fn fast_masks_equal_the_trie_walk() {
     compare(unique, "{}", r#"["abc","#);
     compare(unique, "{}", r#"["abc",null,"ab"#);
     compare(unique, "{}", r#"["abc",null,true,"name""#);
+    // Open strings under `uniqueItems`: closing tokens that would repeat an item are refused.
+    let texts = r#"{"type":"array","items":{"type":"string"},"uniqueItems":true}"#;
+    for prefix in [r#"[""#, r#"["ab"#, r#"["abc","ab"#, r#"["abc","ab","#, r#"["abc","name","a"#, r#"["ab","","#] {
+        compare(texts, "{}", prefix);
+    }
+    compare(texts, r#"{"whitespace":"flexible"}"#, r#"["ab", "a"#);
     compare(r#"{}"#, "{}", r#"{"a":[1,{"b":"#);
 }

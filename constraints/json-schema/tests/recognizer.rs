@@ -275,9 +275,52 @@ fn unique_items_from_an_enum_are_enforced() {
         )
         .is_err()
     );
-    // Items that are not from a small literal set: a warning, not enforced.
-    let (rec, warnings) = compile(r#"{"type":"array","items":{"type":"string"},"uniqueItems":true}"#);
+    // Items that can repeat only in ways visible at their end: a warning, not enforced.
+    let (rec, warnings) = compile(r#"{"type":"array","items":{"type":"string","maxLength":3},"uniqueItems":true}"#);
     assert_eq!(warnings.len(), 1);
     assert_eq!(warnings[0].location, "#/uniqueItems");
     assert!(rec.matches(br#"["x","x"]"#));
+}
+
+#[test]
+fn unique_items_over_open_strings_are_enforced() {
+    let (rec, warnings) =
+        compile_recognizer("json-schema", r#"{"type":"array","items":{"type":"string"},"uniqueItems":true}"#, "{}")
+            .unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    for ok in [r#"[]"#, r#"["","x"]"#, r#"["a","ab","b","ba"]"#, r#"["John Doe","John"]"#, r#"["\n","n"]"#] {
+        assert!(rec.matches(ok.as_bytes()), "{ok}");
+    }
+    for bad in [
+        r#"["",""]"#,
+        r#"["a","b","a"]"#,
+        r#"["John Doe","John Doe"]"#,
+        // The same text escaped differently is the same string.
+        r#"["A","\u0041"]"#,
+        r#"["é","\u00e9"]"#,
+        r#"["\/","/"]"#,
+        "[\"\u{1F600}\",\"\\ud83d\\ude00\"]",
+    ] {
+        assert!(!rec.matches(bad.as_bytes()), "{bad}");
+    }
+    // Astral characters escaped as surrogate pairs keep their identity.
+    assert!(rec.matches("[\"\\ud83d\\ude00\",\"\\ud83d\\ude01\"]".as_bytes()));
+    // A repeat is refused at its closing quote only: the text can always go on.
+    let mut s = rec.start();
+    for &b in br#"["ab","ab"# {
+        s = rec.advance(&s, b).unwrap();
+    }
+    assert!(rec.advance(&s, b'"').is_none());
+    assert!(rec.advance(&s, b'c').is_some_and(|s| rec.advance(&s, b'"').is_some()));
+    // The minimum length still applies, and items in nested arrays are their own.
+    let (rec, warnings) = compile_recognizer(
+        "json-schema",
+        r#"{"type":"array","items":{"type":"array","items":{"type":"string","minLength":1},"uniqueItems":true}}"#,
+        "{}",
+    )
+    .unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(rec.matches(br#"[["a","b"],["a","b"]]"#));
+    assert!(!rec.matches(br#"[["a","b","a"]]"#));
+    assert!(!rec.matches(br#"[["a",""]]"#));
 }
