@@ -21,9 +21,10 @@
 //!   `unevaluated*`, dynamic refs) are errors naming pointer and keyword: never silently
 //!   ignored. `uniqueItems` is enforced where the items come from an `enum` of at most 64
 //!   strings, booleans or null (the state remembers which were written) and where they are
-//!   strings with no pattern, format or `maxLength` (the state remembers a 64-bit hash of
-//!   each item's decoded text, and a closing quote that would repeat one is refused);
-//!   elsewhere it is a warning. Unknown keywords are ignored, as JSON Schema says, with a warning.
+//!   strings that can always be extended (no `maxLength`; no pattern or format, or one whose
+//!   every live automaton state has infinitely many completions): the state remembers a
+//!   64-bit hash of each item's decoded text, and a closing quote that would repeat one is
+//!   refused, which never leaves the writer stuck. Elsewhere it is a warning. Unknown keywords are ignored, as JSON Schema says, with a warning.
 //! - Regex `pattern`s use the Rust syntax with ECMA-262's ASCII meaning of `\d` and `\w`.
 
 use std::collections::HashMap;
@@ -1181,9 +1182,9 @@ impl<'a> Compiler<'a> {
 
     /// `uniqueItems`: enforced where every item comes from one small literal set (an `enum`
     /// of strings, booleans, null), by remembering in the state which values were written,
-    /// and where every item is an open string (no pattern, no `maxLength`: whatever has been
-    /// written can be extended, so refusing the closing quote of a repeat never leaves the
-    /// writer stuck), by remembering a hash of each item's decoded text; elsewhere a warning
+    /// and where every item is an open string (see [`Self::open_string_of`]: whatever has
+    /// been written can be extended, so refusing the closing quote of a repeat never leaves
+    /// the writer stuck), by remembering a hash of each item's decoded text; elsewhere a warning
     /// (other values could repeat in ways that are only visible once they end, with no way
     /// to avoid it by then). Runs once all nodes are built.
     fn resolve_unique_arrays(&mut self) {
@@ -1210,7 +1211,8 @@ impl<'a> Compiler<'a> {
                         location: format!("#{ptr}/uniqueItems"),
                         message: "`uniqueItems` is not enforced: an array may repeat items (it is enforced for \
                               items from an `enum` of at most 64 strings, booleans or null, and for \
-                              strings with no `pattern`, `format` or `maxLength`)"
+                              strings with no `maxLength` and no `pattern` or `format` that can run out of ways to \
+                              go on)"
                             .into(),
                     }),
                 },
@@ -1281,11 +1283,18 @@ impl<'a> Compiler<'a> {
     }
 
     /// The string node that node `id` is (following one-branch unions), if any prefix of it
-    /// can be extended: no pattern or format, no `maxLength`.
+    /// can be extended into infinitely many strings: no `maxLength`, and no pattern or
+    /// format, or one whose every live state has infinitely many completions.
     fn open_string_of(&self, mut id: NodeId) -> Option<NodeId> {
         for _ in 0..16 {
             match &self.nodes[id as usize] {
-                Node::String(s) if s.patterns.is_empty() && s.max_len == u32::MAX => return Some(id),
+                Node::String(s)
+                    if s.max_len == u32::MAX
+                        && (s.patterns.is_empty()
+                            || (s.patterns.len() == 1 && self.live[s.patterns[0] as usize].infinite)) =>
+                {
+                    return Some(id);
+                }
                 Node::Union(alts) if alts.len() == 1 => id = alts[0],
                 _ => return None,
             }
@@ -2373,7 +2382,52 @@ fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<LiveTable> {
         queue.extend(reverse[k].iter().map(|&j| (j, d + 1)));
     }
     let safe = safe_states(dfa, &order, &seen, &dist, stride2, max_index);
-    Some(LiveTable { stride2, dist, safe })
+    let infinite = every_live_state_infinite(dfa, &order, &seen, &dist, stride2);
+    Some(LiveTable { stride2, dist, safe, infinite })
+}
+
+/// Whether every live state in `order` (all states reachable from the start) has infinitely
+/// many completions, i.e. reaches a cycle of live states, counting only the bytes a string
+/// under a pattern can carry (no control characters but the simple escapes'). Live states
+/// that cannot reach such a cycle are peeled off from the ones with no live successor left.
+fn every_live_state_infinite(
+    dfa: &dense::DFA<Vec<u32>>,
+    order: &[regex_automata::util::primitives::StateID],
+    seen: &HashMap<u32, usize>,
+    dist: &[u32],
+    stride2: usize,
+) -> bool {
+    use regex_automata::dfa::Automaton;
+    let live = |k: usize| dist[order[k].as_usize() >> stride2] != u32::MAX;
+    let writable = |b: u8| b >= 0x20 || matches!(b, 0x08 | 0x09 | 0x0A | 0x0C | 0x0D);
+    let mut successors: Vec<Vec<u32>> = vec![Vec::new(); order.len()];
+    let mut predecessors: Vec<Vec<u32>> = vec![Vec::new(); order.len()];
+    for (k, &st) in order.iter().enumerate().filter(|&(k, _)| live(k)) {
+        for b in (0..=255u8).filter(|&b| writable(b)) {
+            if let Some(&j) = seen.get(&dfa.next_state(st, b).as_u32())
+                && live(j)
+                && !successors[k].contains(&(j as u32))
+            {
+                successors[k].push(j as u32);
+                predecessors[j].push(k as u32);
+            }
+        }
+    }
+    let mut left: Vec<usize> = successors.iter().map(Vec::len).collect();
+    let mut peel: Vec<usize> = (0..order.len()).filter(|&k| live(k) && left[k] == 0).collect();
+    let mut finite = vec![false; order.len()];
+    while let Some(k) = peel.pop() {
+        if std::mem::replace(&mut finite[k], true) {
+            continue;
+        }
+        for &p in &predecessors[k] {
+            left[p as usize] -= 1;
+            if left[p as usize] == 0 {
+                peel.push(p as usize);
+            }
+        }
+    }
+    !finite.iter().any(|&f| f)
 }
 
 /// Past this many automaton states, no state is called safe (the check below walks every

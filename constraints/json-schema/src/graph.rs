@@ -288,6 +288,10 @@ pub struct LiveTable {
     /// By state index: no byte sequence leads from the state to one that cannot match (an
     /// unanchored pattern once matched, or with nothing to rule out).
     pub safe: Vec<bool>,
+    /// Whether every live state reachable from the start has infinitely many completions
+    /// over bytes a string can carry under a pattern (so a text can always be extended into
+    /// one no earlier item has: what exact `uniqueItems` over strings needs).
+    pub infinite: bool,
 }
 
 /// How properties may be ordered in the output.

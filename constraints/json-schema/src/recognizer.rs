@@ -735,14 +735,7 @@ impl SchemaRecognizer {
                             // An open string whose text is tracked from its first byte.
                             None if a.unique_text => {
                                 if b == b'"' {
-                                    let text = Some(TEXT_START);
-                                    stack.push(Frame::Str {
-                                        node: item,
-                                        len: 0,
-                                        chars: Chars::default(),
-                                        dfa: [0; 2],
-                                        text,
-                                    });
+                                    stack.push(self.string_start(item, Some(TEXT_START)));
                                     out.push(stack);
                                 }
                             }
@@ -874,13 +867,9 @@ impl SchemaRecognizer {
                     out.push(stack);
                 }
             }
-            Node::String(s) => {
+            Node::String(_) => {
                 if b == b'"' {
-                    let mut dfa = [0u32; 2];
-                    for (k, &p) in s.patterns.iter().enumerate().take(2) {
-                        dfa[k] = self.dfa_start(p);
-                    }
-                    stack.push(Frame::Str { node, len: 0, chars: Chars::default(), dfa, text: None });
+                    stack.push(self.string_start(node, None));
                     out.push(stack);
                 }
             }
@@ -901,6 +890,18 @@ impl SchemaRecognizer {
                 self.step(stack, b, out, depth + 1);
             }
         }
+    }
+
+    /// The frame of string `node` after its opening quote; `text`: the hash to track its text
+    /// with, for an item under an exact `uniqueItems`.
+    fn string_start(&self, node: NodeId, text: Option<NonZeroU64>) -> Frame {
+        let mut dfa = [0u32; 2];
+        if let Node::String(s) = self.graph.node(node) {
+            for (k, &p) in s.patterns.iter().enumerate().take(2) {
+                dfa[k] = self.dfa_start(p);
+            }
+        }
+        Frame::Str { node, len: 0, chars: Chars::default(), dfa, text }
     }
 
     /// Whether one of the simple escapes (`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`)

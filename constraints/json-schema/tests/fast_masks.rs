@@ -140,5 +140,9 @@ fn fast_masks_equal_the_trie_walk() {
         compare(texts, "{}", prefix);
     }
     compare(texts, r#"{"whitespace":"flexible"}"#, r#"["ab", "a"#);
+    let patterned = r#"{"type":"array","items":{"type":"string","pattern":"^[a-z]+$"},"uniqueItems":true}"#;
+    for prefix in [r#"[""#, r#"["abc","ab"#, r#"["abc","name","#] {
+        compare(patterned, "{}", prefix);
+    }
     compare(r#"{}"#, "{}", r#"{"a":[1,{"b":"#);
 }

@@ -323,4 +323,24 @@ fn unique_items_over_open_strings_are_enforced() {
     assert!(rec.matches(br#"[["a","b"],["a","b"]]"#));
     assert!(!rec.matches(br#"[["a","b","a"]]"#));
     assert!(!rec.matches(br#"[["a",""]]"#));
+    // A pattern every prefix of which can go on forever: enforced; one that can run out
+    // (a fixed length): a warning.
+    let (rec, warnings) = compile_recognizer(
+        "json-schema",
+        r#"{"type":"array","items":{"type":"string","pattern":"^[a-z][a-z0-9-]*$"},"uniqueItems":true}"#,
+        "{}",
+    )
+    .unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(rec.matches(br#"["ab","ab-1","b"]"#));
+    assert!(!rec.matches(br#"["ab","b","ab"]"#));
+    assert!(!rec.matches(br#"["ab","1"]"#));
+    let (rec, warnings) = compile_recognizer(
+        "json-schema",
+        r##"{"type":"array","items":{"type":"string","pattern":"^#[0-9a-f]{6}$"},"uniqueItems":true}"##,
+        "{}",
+    )
+    .unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(rec.matches(br##"["#ff0000","#ff0000"]"##));
 }
