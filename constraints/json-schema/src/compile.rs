@@ -1223,12 +1223,13 @@ impl<'a> Compiler<'a> {
     /// `oneOf` exactly, where the branches can be negated (the forms `if` takes: `type`,
     /// `required`, `properties`, `const`, `enum`, bounds): the union over `i` of branch `i`
     /// with every other branch failing, each failure one of its ways to fail, at most 64
-    /// cases. Tried only where no `$ref` remains once branches that are a bare `$ref` are
-    /// inlined (everything compiles at once, so a form the merge cannot take is an error here
-    /// and the caller falls back to `anyOf` with a warning).
+    /// cases. Tried only where the branches hold no `$ref` once branches that are a bare
+    /// `$ref` are inlined, and the keywords beside the `oneOf` no `$ref` of their own (their
+    /// subschemas may have some: they are compiled either way), so that a form the merge
+    /// cannot take is an error here and the caller falls back to `anyOf` with a warning.
     fn exclusive_one_of(&mut self, base: &Map<String, Value>, branches: &[Value], ptr: &str) -> Option<NodeId> {
         const MAX_CASES: usize = 64;
-        if branches.len() > 8 || has_ref_in(base) {
+        if branches.len() > 16 || ["$ref", "$dynamicRef", "$recursiveRef"].iter().any(|k| base.contains_key(*k)) {
             return None;
         }
         // A branch that is a bare `$ref` to a schema without references is that schema.

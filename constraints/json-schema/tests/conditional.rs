@@ -191,3 +191,23 @@ fn one_of_branches_that_are_references_are_inlined() {
     assert!(accepts(schema, r#"{"a":1}"#));
     assert!(!accepts(schema, r#"{"a":1,"b":2}"#));
 }
+
+#[test]
+fn one_of_is_exact_beside_references_and_over_many_branches() {
+    // The keywords beside the `oneOf` may hold references; nine one-key branches.
+    let keys = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"];
+    let branches: Vec<String> = keys.iter().map(|k| format!(r#"{{"required": ["{k}"]}}"#)).collect();
+    let props: Vec<String> = keys.iter().map(|k| format!(r##""{k}": {{"$ref": "#/$defs/n"}}"##)).collect();
+    let schema = format!(
+        r#"{{"type": "object", "properties": {{{}}}, "oneOf": [{}], "$defs": {{"n": {{"type": "integer"}}}}}}"#,
+        props.join(","),
+        branches.join(",")
+    );
+    let (_, warnings) = compile_recognizer("json-schema", &schema, "{}").unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(accepts(&schema, r#"{"k8":1}"#));
+    assert!(accepts(&schema, r#"{"k3":1}"#));
+    assert!(!accepts(&schema, r#"{"k3":1,"k8":2}"#), "two branches hold");
+    assert!(!accepts(&schema, r#"{"k3":"x"}"#), "the referenced schema still applies");
+    assert!(!accepts(&schema, r#"{}"#), "no branch holds");
+}
