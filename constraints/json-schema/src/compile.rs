@@ -281,7 +281,13 @@ impl<'a> Compiler<'a> {
             unique_text: false,
         }));
         let string = self.push(Node::String(StringNode { min_len: 0, max_len: u32::MAX, patterns: Vec::new() }));
-        let number = self.push(Node::Number(NumberNode { integer: false, min: None, max: None, multiple_of: None }));
+        let number = self.push(Node::Number(NumberNode {
+            integer: false,
+            min: None,
+            max: None,
+            multiple_of: None,
+            exact: None,
+        }));
         let lits = self.literal_node(&[b"true".to_vec(), b"false".to_vec(), b"null".to_vec()]);
         self.nodes[ANY as usize] = Node::Union(vec![object, array, string, number, lits]);
     }
@@ -772,6 +778,7 @@ impl<'a> Compiler<'a> {
                         min: Some((x, false)),
                         max: Some((x, false)),
                         multiple_of: None,
+                        exact: None,
                     }))
                 })
                 .collect();
@@ -1579,12 +1586,17 @@ impl<'a> Compiler<'a> {
             }
             _ => {}
         }
+        let multiple_of = f("multipleOf").filter(|m| *m > 0.0);
         // Bounds are compared as f64: past 2^53 neighbouring integers share a value, so a
-        // number just beyond such a bound can pass. Said, not hidden.
+        // number just beyond such a bound can pass. Integers whose bounds the schema gives
+        // exactly are compared as integers instead; elsewhere this is said, not hidden.
         const EXACT: f64 = 9_007_199_254_740_992.0;
+        let beyond = [min, max].iter().flatten().any(|(x, _)| x.abs() > EXACT);
+        let exact = (integer && beyond && multiple_of.is_none()).then(|| exact_integer_bounds(map)).flatten();
         for (k, b) in [("minimum", min), ("maximum", max)] {
             if let Some((x, _)) = b
                 && x.abs() > EXACT
+                && exact.is_none()
             {
                 self.warnings.push(Warning {
                     location: format!("#{ptr}/{k}"),
@@ -1595,15 +1607,51 @@ impl<'a> Compiler<'a> {
                 });
             }
         }
-        let multiple_of = f("multipleOf").filter(|m| *m > 0.0);
         if multiple_of.is_some() && !integer {
             self.warnings.push(Warning {
                 location: format!("#{ptr}/multipleOf"),
                 message: "`multipleOf` on a non-integer is checked with a floating-point tolerance".into(),
             });
         }
-        Ok(self.push(Node::Number(NumberNode { integer, min, max, multiple_of })))
+        Ok(self.push(Node::Number(NumberNode { integer, min, max, multiple_of, exact })))
     }
+}
+
+/// The inclusive integer bounds of an integer schema's `minimum`, `maximum`,
+/// `exclusiveMinimum` and `exclusiveMaximum` (both draft forms), exactly: `None` when one of
+/// them is a number that is neither a 64-bit integer nor a float below 2^53 (where its
+/// floor and ceiling are exact).
+fn exact_integer_bounds(map: &Map<String, Value>) -> Option<(i128, i128)> {
+    /// The value's floor and ceiling as integers.
+    fn int(v: &Value) -> Option<(i128, i128)> {
+        let n = v.as_number()?;
+        if let Some(i) = n.as_i64() {
+            return Some((i as i128, i as i128));
+        }
+        if let Some(u) = n.as_u64() {
+            return Some((u as i128, u as i128));
+        }
+        let f = n.as_f64().filter(|f| f.abs() <= 9_007_199_254_740_992.0)?;
+        Some((f.floor() as i128, f.ceil() as i128))
+    }
+    let flag = |k: &str| matches!(map.get(k), Some(Value::Bool(true)));
+    let (mut lo, mut hi) = (i128::MIN, i128::MAX);
+    if let Some(v) = map.get("minimum") {
+        let (floor, ceil) = int(v)?;
+        // Draft 4: `exclusiveMinimum: true` makes `minimum` exclusive.
+        lo = lo.max(if flag("exclusiveMinimum") { floor + 1 } else { ceil });
+    }
+    if let Some(v) = map.get("maximum") {
+        let (floor, ceil) = int(v)?;
+        hi = hi.min(if flag("exclusiveMaximum") { ceil - 1 } else { floor });
+    }
+    if let Some(v) = map.get("exclusiveMinimum").filter(|v| v.is_number()) {
+        lo = lo.max(int(v)?.0 + 1);
+    }
+    if let Some(v) = map.get("exclusiveMaximum").filter(|v| v.is_number()) {
+        hi = hi.min(int(v)?.1 - 1);
+    }
+    Some((lo, hi))
 }
 
 fn never_map() -> Map<String, Value> {

@@ -191,6 +191,11 @@ pub struct NumberNode {
     pub max: Option<(f64, bool)>,
     /// `multipleOf`, checked when the number ends.
     pub multiple_of: Option<f64>,
+    /// For an integer node with a bound beyond 2^53 (where f64 cannot tell neighbouring
+    /// integers apart) that the schema gives exactly, and no `multipleOf`: the inclusive
+    /// integer bounds (`i128::MIN`/`MAX` where absent), compared exactly against the
+    /// magnitude written so far, kept as an integer.
+    pub exact: Option<(i128, i128)>,
 }
 
 /// A value shape.

@@ -1047,6 +1047,9 @@ impl SchemaRecognizer {
         exp_neg: bool,
         b: u8,
     ) -> NumStep {
+        if let Some((lo, hi)) = n.exact {
+            return exact_integer_step(lo, hi, phase, neg, value, b);
+        }
         let tracked = n.min.is_some() || n.max.is_some() || n.multiple_of.is_some();
         let v = f64::from_bits(value);
         let frame = |phase, neg, v: f64, frac, exp, exp_neg| {
@@ -1215,6 +1218,52 @@ fn int_prefix_feasible(n: &crate::graph::NumberNode, neg: bool, v: f64) -> bool 
     false
 }
 
+/// [`SchemaRecognizer::number_step`] for an integer node with exact bounds `lo..=hi` (see
+/// [`crate::graph::NumberNode::exact`]): `magnitude` is the integer written so far, saturated
+/// at `u64::MAX` only where the bound it grows towards is absent.
+fn exact_integer_step(lo: i128, hi: i128, phase: u8, neg: bool, magnitude: u64, b: u8) -> NumStep {
+    let next = |phase, neg, value| NumStep::Continue(NumFrame { phase, neg, value, frac: 0, exp: 0, exp_neg: false });
+    match (phase, b) {
+        // Some integer <= -1 must fit.
+        (NUM_START, b'-') if lo <= hi.min(-1) => next(NUM_MINUS, true, 0),
+        // `-0` is a float (-0.0) to most parsers: integers are written `0`.
+        (NUM_START, b'0') if lo <= 0 && 0 <= hi => next(NUM_ZERO, false, 0),
+        (NUM_START | NUM_MINUS, b'1'..=b'9') | (NUM_INT, b'0'..=b'9') => {
+            let d = (b - b'0') as u64;
+            let before = if phase == NUM_INT { magnitude } else { 0 };
+            match before.checked_mul(10).and_then(|x| x.checked_add(d)) {
+                Some(m) if exact_prefix_feasible(lo, hi, neg, m) => next(NUM_INT, neg, m),
+                Some(_) => NumStep::Reject,
+                // Past 64 bits: beyond any bound on that side, fine where there is none.
+                None if (neg && lo == i128::MIN) || (!neg && hi == i128::MAX) => next(NUM_INT, neg, u64::MAX),
+                None => NumStep::Reject,
+            }
+        }
+        (NUM_ZERO | NUM_INT, _) => NumStep::End,
+        _ => NumStep::Reject,
+    }
+}
+
+/// Whether the integer magnitude `m` (sign `neg`) written so far can be completed, by more
+/// digits, into an integer within `lo..=hi`: with `j` more digits the magnitudes span
+/// `m·10^j ..= (m+1)·10^j - 1`.
+fn exact_prefix_feasible(lo: i128, hi: i128, neg: bool, m: u64) -> bool {
+    let (mut a, mut b) = (m as i128, m as i128);
+    for _ in 0..40 {
+        let (x, y) = if neg { (b.saturating_neg(), a.saturating_neg()) } else { (a, b) };
+        if x <= hi && y >= lo {
+            return true;
+        }
+        // Magnitudes only grow from here: stop once past the far bound.
+        if (!neg && a > hi) || (neg && a.saturating_neg() < lo) {
+            return false;
+        }
+        a = a.saturating_mul(10);
+        b = b.saturating_mul(10).saturating_add(9);
+    }
+    false
+}
+
 /// `v * 10^(±e)`.
 fn scaled(v: f64, e: u16, neg_exp: bool) -> f64 {
     if neg_exp { v / 10f64.powi(e as i32) } else { v * 10f64.powi(e as i32) }
@@ -1245,6 +1294,10 @@ fn number_ok(
     }
     if n.min.is_none() && n.max.is_none() && n.multiple_of.is_none() {
         return true;
+    }
+    if let Some((lo, hi)) = n.exact {
+        let v = if neg { -(value as i128) } else { value as i128 };
+        return matches!(phase, NUM_ZERO | NUM_INT) && lo <= v && v <= hi;
     }
     let mag = if phase == NUM_EXP { scaled(f64::from_bits(value), exp, exp_neg) } else { f64::from_bits(value) };
     let v = if neg { -mag } else { mag };

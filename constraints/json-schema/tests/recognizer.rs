@@ -214,13 +214,52 @@ fn whole_multiples_take_only_zero_fractions() {
 }
 
 #[test]
-fn bounds_beyond_two_to_the_53_come_with_a_warning() {
-    let schema = r#"{"type":"integer","minimum":0,"maximum":9223372036854776000}"#;
+fn integer_bounds_beyond_two_to_the_53_are_exact() {
+    let schema = r#"{"type":"integer","minimum":-9223372036854775808,"maximum":9223372036854775807}"#;
+    let (rec, warnings) = compile_recognizer("json-schema", schema, "{}").unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    for ok in ["9223372036854775807", "-9223372036854775808", "0", "-1", "922337203685477580"] {
+        assert!(rec.matches(ok.as_bytes()), "{ok}");
+    }
+    for bad in ["9223372036854775808", "9223372036854776001", "-9223372036854775809", "92233720368547758070", "-0"] {
+        assert!(!rec.matches(bad.as_bytes()), "{bad}");
+    }
+    // A prefix is refused as soon as no integer in the bounds starts with it.
+    let mut s = rec.start();
+    for &b in b"922337203685477581" {
+        s = rec.advance(&s, b).unwrap_or_else(|| panic!("at {}", b as char));
+    }
+    assert!(rec.advance(&s, b'0').is_none());
+    // Exclusive bounds (the draft 6 and draft 4 forms), one side open.
+    let (rec, warnings) =
+        compile_recognizer("json-schema", r#"{"type":"integer","exclusiveMaximum":18446744073709551615}"#, "{}")
+            .unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(rec.matches(b"18446744073709551614"));
+    assert!(rec.matches(b"-123456789012345678901234567890"));
+    assert!(!rec.matches(b"18446744073709551615"));
+    assert!(!rec.matches(b"100000000000000000000"));
+    let draft4 = r#"{"$schema":"http://json-schema.org/draft-04/schema#","type":"integer",
+        "minimum":9007199254740993,"exclusiveMinimum":true}"#;
+    let (rec, warnings) = compile_recognizer("json-schema", draft4, "{}").unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(!rec.matches(b"9007199254740993"));
+    assert!(rec.matches(b"9007199254740994"));
+    assert!(rec.matches(b"123456789012345678901234567890"));
+}
+
+#[test]
+fn other_bounds_beyond_two_to_the_53_come_with_a_warning() {
+    // Numbers with fractions are compared in floating point.
+    let schema = r#"{"type":"number","minimum":0,"maximum":9223372036854776000}"#;
     let (rec, warnings) = compile_recognizer("json-schema", schema, "{}").unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert_eq!(warnings[0].location, "#/maximum");
     assert!(warnings[0].message.starts_with("a bound beyond 2^53 is compared in floating point"));
     assert!(rec.matches(b"9223372036854775000"));
+    // A bound that is itself a float beyond 2^53 is not exact to begin with.
+    let (_, warnings) = compile_recognizer("json-schema", r#"{"type":"integer","maximum":1e300}"#, "{}").unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
     let (_, warnings) =
         compile_recognizer("json-schema", r#"{"type":"integer","maximum":9007199254740992}"#, "{}").unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
