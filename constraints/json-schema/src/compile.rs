@@ -1235,10 +1235,34 @@ impl<'a> Compiler<'a> {
     /// subschemas may have some: they are compiled either way), so that a form the merge
     /// cannot take is an error here and the caller falls back to `anyOf` with a warning.
     fn exclusive_one_of(&mut self, base: &Map<String, Value>, branches: &[Value], ptr: &str) -> Option<NodeId> {
-        const MAX_CASES: usize = 64;
         if branches.len() > 16 || ["$ref", "$dynamicRef", "$recursiveRef"].iter().any(|k| base.contains_key(*k)) {
             return None;
         }
+        self.one_of_cases(base, branches, ptr, false).or_else(|| {
+            let id = self.one_of_cases(base, branches, ptr, true)?;
+            self.warnings.push(Warning {
+                location: format!("#{ptr}/oneOf"),
+                message: "`oneOf` is enforced strictly: an output that matches one branch and also has a \
+                          property another branch describes, with a value that branch refuses, is rejected \
+                          (the negation of such property schemas, e.g. a `$ref`, is not built)"
+                    .into(),
+            });
+            Some(id)
+        })
+    }
+
+    /// The cases of [`Self::exclusive_one_of`]; with `strict`, branches may hold references
+    /// and each branch fails in the ways [`negate_with`] can build when it skips properties
+    /// (a subset of its failures: outputs stay valid, a few valid ones are refused), tried
+    /// only where every branch requires a property some other branch does not.
+    fn one_of_cases(
+        &mut self,
+        base: &Map<String, Value>,
+        branches: &[Value],
+        ptr: &str,
+        strict: bool,
+    ) -> Option<NodeId> {
+        const MAX_CASES: usize = 64;
         // A branch that is a bare `$ref` to a schema without references is that schema.
         let mut inlined = Vec::with_capacity(branches.len());
         for b in branches {
@@ -1248,15 +1272,39 @@ impl<'a> Compiler<'a> {
                 }
                 _ => b.clone(),
             };
-            if has_ref(&target) {
+            if has_ref(&target) && !strict {
                 return None;
             }
             inlined.push(target);
         }
         let branches = &inlined[..];
         let mut failures: Vec<Vec<Value>> = Vec::with_capacity(branches.len());
+        let mut skipped = false;
         for (j, b) in branches.iter().enumerate() {
-            failures.push(disjuncts(negate(b, &format!("{ptr}/oneOf/{j}")).ok()?));
+            let failing = negate_with(b, &format!("{ptr}/oneOf/{j}"), strict.then_some(&mut skipped)).ok()?;
+            // A branch that cannot fail in any way built here would refuse every other branch.
+            if failing == Value::Bool(false) && strict {
+                return None;
+            }
+            failures.push(disjuncts(failing));
+        }
+        if strict && !skipped {
+            return None; // the exact attempt failed for another reason
+        }
+        // Strictly, a branch must still be able to fail while another holds by missing one of
+        // its required properties: when the skipped property schemas are what tells the
+        // branches apart (`status` matching `^success$` or `^fail$`), every case would be
+        // empty.
+        if strict {
+            let required =
+                |b: &Value| -> Vec<Value> { b.get("required").and_then(Value::as_array).cloned().unwrap_or_default() };
+            for (i, a) in branches.iter().enumerate() {
+                for (j, b) in branches.iter().enumerate() {
+                    if i != j && required(b).iter().all(|r| required(a).contains(r)) {
+                        return None;
+                    }
+                }
+            }
         }
         let mut cases: Vec<Value> = Vec::new();
         for (i, b) in branches.iter().enumerate() {
@@ -1793,6 +1841,13 @@ fn not_rule(v: &Value, ptr: &str) -> Result<NotRule, ConstraintError> {
 /// exclusive forms; `min`/`max` `Length`, `Items` and `Properties`. Any other keyword is an
 /// error naming it.
 fn negate(v: &Value, at: &str) -> Result<Value, ConstraintError> {
+    negate_with(v, at, None)
+}
+
+/// [`negate`], or with `skipped` some part of it: a property whose schema cannot be negated
+/// (a `$ref`, a `pattern`, ...) contributes no way to fail (so the result is a subset of the
+/// failures), and `skipped` is set.
+fn negate_with(v: &Value, at: &str, mut skipped: Option<&mut bool>) -> Result<Value, ConstraintError> {
     use serde_json::json;
     let m = match v {
         Value::Bool(b) => return Ok(Value::Bool(!b)),
@@ -1819,7 +1874,15 @@ fn negate(v: &Value, at: &str) -> Result<Value, ConstraintError> {
                     err(ErrorCode::InvalidSource, &format!("{at}/properties"), "`properties` must be an object")
                 })?;
                 for (name, s) in props {
-                    let failing = negate(s, &format!("{at}/properties/{}", escape_pointer(name)))?;
+                    let at = format!("{at}/properties/{}", escape_pointer(name));
+                    let failing = match (negate_with(s, &at, skipped.as_deref_mut()), skipped.as_deref_mut()) {
+                        (Ok(failing), _) => failing,
+                        (Err(_), Some(skipped)) => {
+                            *skipped = true;
+                            continue;
+                        }
+                        (Err(e), None) => return Err(e),
+                    };
                     if failing != Value::Bool(false) {
                         cases.push(json!({ "type": "object", "required": [name], "properties": { name: failing } }));
                     }

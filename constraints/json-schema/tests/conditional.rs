@@ -211,3 +211,36 @@ fn one_of_is_exact_beside_references_and_over_many_branches() {
     assert!(!accepts(&schema, r#"{"k3":"x"}"#), "the referenced schema still applies");
     assert!(!accepts(&schema, r#"{}"#), "no branch holds");
 }
+
+#[test]
+fn one_of_over_branches_with_references_is_strict() {
+    let schema = r##"{"type": "object", "oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+        "$defs": {"a": {"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#/$defs/n"}}},
+                  "b": {"type": "object", "required": ["b"], "properties": {"b": {"$ref": "#/$defs/n"}}},
+                  "n": {"type": "integer"}}}"##;
+    let (_, warnings) = compile_recognizer("json-schema", schema, "{}").unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].location, "#/oneOf");
+    assert!(warnings[0].message.starts_with("`oneOf` is enforced strictly"));
+    assert!(accepts(schema, r#"{"a":1}"#));
+    assert!(accepts(schema, r#"{"b":2}"#));
+    assert!(!accepts(schema, r#"{"a":1,"b":2}"#), "both branches hold");
+    assert!(!accepts(schema, r#"{}"#), "neither holds");
+    assert!(!accepts(schema, r#"{"a":"x"}"#), "the referenced schema applies");
+    // Valid (only `a` holds) but refused: the price of not negating `b`'s property schema.
+    assert!(!accepts(schema, r#"{"a":1,"b":"x"}"#));
+}
+
+#[test]
+fn one_of_told_apart_only_by_skipped_properties_stays_any_of() {
+    // Every branch requires the same properties; only `status`'s pattern tells them apart.
+    let schema = r##"{"type": "object", "oneOf": [{"$ref": "#/$defs/ok"}, {"$ref": "#/$defs/fail"}],
+        "$defs": {"ok": {"required": ["status", "data"], "properties": {"status": {"pattern": "^ok$"}, "data": {"$ref": "#/$defs/d"}}},
+                  "fail": {"required": ["status", "data"], "properties": {"status": {"pattern": "^fail$"}, "data": {"$ref": "#/$defs/d"}}},
+                  "d": {"type": "integer"}}}"##;
+    let (_, warnings) = compile_recognizer("json-schema", schema, "{}").unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].message.starts_with("`oneOf` is enforced as `anyOf`"), "{warnings:?}");
+    assert!(accepts(schema, r#"{"status":"ok","data":1}"#));
+    assert!(accepts(schema, r#"{"status":"fail","data":1}"#));
+}
