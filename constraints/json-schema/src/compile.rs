@@ -1373,7 +1373,11 @@ impl<'a> Compiler<'a> {
 
     fn string(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<NodeId, ConstraintError> {
         let min_len = u32_of(map.get("minLength")).unwrap_or(0);
-        let max_len = u32_of(map.get("maxLength")).unwrap_or(u32::MAX);
+        let format_max = match map.get("format") {
+            Some(Value::String(f)) => formats::max_len(f),
+            _ => u32::MAX,
+        };
+        let max_len = u32_of(map.get("maxLength")).unwrap_or(u32::MAX).min(format_max);
         let mut patterns = Vec::new();
         let mut sources: Vec<(String, bool, String)> = Vec::new();
         match map.get("pattern") {
@@ -1392,7 +1396,7 @@ impl<'a> Compiler<'a> {
                     if !exact {
                         self.warnings.push(Warning {
                             location: format!("#{ptr}/format"),
-                            message: format!("format `{f}` is approximated by a pattern"),
+                            message: format!("format `{f}` is approximated {}", formats::approximation(f)),
                         });
                     }
                     sources.push((p.to_string(), false, format!("{ptr}/format")));
@@ -1476,7 +1480,8 @@ impl<'a> Compiler<'a> {
                 ("format", Value::String(f)) => {
                     if let (Some(text), Some((p, _))) = (v.as_str(), crate::formats::pattern(f)) {
                         let d = self.dfa(&p, false, &format!("{ptr}/format")).ok();
-                        meet(d.map(|d| self.dfa_matches(d, text.as_bytes())));
+                        let short = text.chars().count() as u64 <= crate::formats::max_len(f) as u64;
+                        meet(d.map(|d| short && self.dfa_matches(d, text.as_bytes())));
                     }
                 }
                 ("minLength" | "maxLength", n) => {

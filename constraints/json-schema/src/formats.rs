@@ -9,7 +9,75 @@ const DATE: &str = concat!(
 /// A time of day with an offset. Leap seconds (`:60`) are not generated.
 const TIME: &str = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
 const LABEL: &str = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+/// A hostname label as [`LABEL`], without `-` in both its third and fourth place: such labels
+/// are reserved for IDNA (`xn--` and a valid Punycode payload, which a pattern cannot check),
+/// so none is written.
+const STRICT_LABEL: &str = r"[A-Za-z0-9]([A-Za-z0-9]|[A-Za-z0-9-][A-Za-z0-9]|[A-Za-z0-9-]{2}[A-Za-z0-9]|[A-Za-z0-9-]([A-Za-z0-9][A-Za-z0-9-]|-[A-Za-z0-9])[A-Za-z0-9-]{0,58}[A-Za-z0-9])?";
 const OCTET: &str = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+
+/// IPv6 text forms (RFC 4291 section 2.2, RFC 3986's `IPv6address`): eight groups, a `::` for
+/// one or more zero groups, an IPv4 address in the last 32 bits.
+const IPV6: &str = concat!(
+    r"(([0-9A-Fa-f]{1,4}:){6}(LS32)",
+    r"|::([0-9A-Fa-f]{1,4}:){5}(LS32)",
+    r"|([0-9A-Fa-f]{1,4})?::([0-9A-Fa-f]{1,4}:){4}(LS32)",
+    r"|(([0-9A-Fa-f]{1,4}:){0,1}[0-9A-Fa-f]{1,4})?::([0-9A-Fa-f]{1,4}:){3}(LS32)",
+    r"|(([0-9A-Fa-f]{1,4}:){0,2}[0-9A-Fa-f]{1,4})?::([0-9A-Fa-f]{1,4}:){2}(LS32)",
+    r"|(([0-9A-Fa-f]{1,4}:){0,3}[0-9A-Fa-f]{1,4})?::[0-9A-Fa-f]{1,4}:(LS32)",
+    r"|(([0-9A-Fa-f]{1,4}:){0,4}[0-9A-Fa-f]{1,4})?::(LS32)",
+    r"|(([0-9A-Fa-f]{1,4}:){0,5}[0-9A-Fa-f]{1,4})?::[0-9A-Fa-f]{1,4}",
+    r"|(([0-9A-Fa-f]{1,4}:){0,6}[0-9A-Fa-f]{1,4})?::)",
+);
+
+/// The pieces of RFC 3986 (section 3 and appendix A), as character classes: `REG` is
+/// `unreserved` and `sub-delims`; a percent-encoding may stand for any character.
+const PCT: &str = r"%[0-9A-Fa-f]{2}";
+const REG: &str = r"[A-Za-z0-9\-._~!$&'()*+,;=]";
+
+fn ipv6() -> String {
+    IPV6.replace("LS32", &format!(r"[0-9A-Fa-f]{{1,4}}:[0-9A-Fa-f]{{1,4}}|({OCTET}\.){{3}}{OCTET}"))
+}
+
+/// `uri` (`absolute`) or `uri-reference`, exactly as RFC 3986 parses them: `scheme ":"
+/// hier-part` or a relative reference (whose first segment has no `:`), then `?query` and
+/// `#fragment`.
+fn uri(absolute: bool) -> String {
+    let path_char = format!("({REG}|[:@/]|{PCT})");
+    let segment_char = format!("({REG}|[:@]|{PCT})");
+    let query = format!(r"(\?({REG}|[:@/?]|{PCT})*)?(#({REG}|[:@/?]|{PCT})*)?");
+    let ip_literal = format!(r"\[({}|v[0-9A-Fa-f]+\.({REG}|:)+)\]", ipv6());
+    let authority = format!(r"(({REG}|:|{PCT})*@)?(({REG}|{PCT})*|{ip_literal})(:[0-9]*)?");
+    let after_authority = format!("(/{path_char}*)?");
+    // A path that does not start with `//` (that would be an authority).
+    let rootless_or_absolute = format!("(/({segment_char}{path_char}*)?|{segment_char}{path_char}*)?");
+    let absolute_uri =
+        format!(r"[A-Za-z][A-Za-z0-9+.\-]*:(//{authority}{after_authority}|{rootless_or_absolute}){query}");
+    if absolute {
+        return absolute_uri;
+    }
+    let no_colon_first = format!("({REG}|@|{PCT})");
+    let relative = format!(
+        "(//{authority}{after_authority}|/({segment_char}{path_char}*)?|{no_colon_first}+(/{path_char}*)?|){query}"
+    );
+    format!("{absolute_uri}|{relative}")
+}
+
+/// The most characters a value of `format` has (`u32::MAX`: no limit).
+pub fn max_len(format: &str) -> u32 {
+    match format {
+        "hostname" => 253,
+        _ => u32::MAX,
+    }
+}
+
+/// What an approximated format's pattern does not do, for its warning.
+pub fn approximation(format: &str) -> &'static str {
+    match format {
+        "hostname" => "strictly: IDNA labels (`xn--` and Punycode) are not written, all others are",
+        "email" => "by a pattern: a dot-atom local part, a hostname domain (no quoted or IP forms)",
+        _ => "by a pattern",
+    }
+}
 
 /// The pattern of a known format, or `None`.
 pub fn pattern(format: &str) -> Option<(String, bool)> {
@@ -19,16 +87,19 @@ pub fn pattern(format: &str) -> Option<(String, bool)> {
         "date-time" => (format!("({DATE})[Tt]{TIME}"), true),
         "uuid" => ("[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}".to_string(), true),
         "ipv4" => (format!(r"({OCTET}\.){{3}}{OCTET}"), true),
-        "hostname" => (format!(r"{LABEL}(\.{LABEL})*"), true),
+        "hostname" => (format!(r"{STRICT_LABEL}(\.{STRICT_LABEL})*"), false),
         "email" => (format!(r"[A-Za-z0-9.!#$%&'*+/=?^_`{{|}}~-]+@{LABEL}(\.{LABEL})*"), false),
         "duration" => (
-            r"P([0-9]+W|([0-9]+Y([0-9]+M)?([0-9]+D)?|[0-9]+M([0-9]+D)?|[0-9]+D)(T([0-9]+H([0-9]+M)?([0-9]+S)?|[0-9]+M([0-9]+S)?|[0-9]+S))?|T([0-9]+H([0-9]+M)?([0-9]+S)?|[0-9]+M([0-9]+S)?|[0-9]+S))"
+            // RFC 3339 appendix A: a year takes an optional month, which takes an optional
+            // day (so no year and day without the month); likewise hours, minutes, seconds.
+            r"P([0-9]+W|([0-9]+Y([0-9]+M([0-9]+D)?)?|[0-9]+M([0-9]+D)?|[0-9]+D)(T([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S))?|T([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S))"
                 .to_string(),
             true,
         ),
-        "ipv6" => (r"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*".to_string(), false),
-        "uri" => (r"[A-Za-z][A-Za-z0-9+.-]*:[^\s<>\x22{}|\\^`]*".to_string(), false),
-        "uri-reference" | "iri-reference" | "uri-template" => (r"[^\s<>\x22{}|\\^`]*".to_string(), false),
+        "ipv6" => (ipv6(), true),
+        "uri" => (uri(true), true),
+        "uri-reference" => (uri(false), true),
+        "iri-reference" | "uri-template" => (r"[^\s<>\x22{}|\\^`]*".to_string(), false),
         "iri" => (r"[A-Za-z][A-Za-z0-9+.-]*:[^\s<>\x22]*".to_string(), false),
         "json-pointer" => (r"(/([^~/]|~[01])*)*".to_string(), true),
         _ => return None,
