@@ -1312,7 +1312,9 @@ impl<'a> Compiler<'a> {
             for (_, ways) in failures.iter().enumerate().filter(|&(j, _)| j != i) {
                 let mut next = Vec::with_capacity(partial.len() * ways.len());
                 for p in &partial {
-                    for w in ways {
+                    // A way to fail by type that the base or this branch rules out adds an
+                    // empty case (and would spend the budget of cases).
+                    for w in ways.iter().filter(|w| !excluded_by_type(w, base, b)) {
                         let mut q = p.clone();
                         q.push(w.clone());
                         next.push(q);
@@ -1945,6 +1947,20 @@ fn negate_with(v: &Value, at: &str, mut skipped: Option<&mut bool>) -> Result<Va
         1 => cases.remove(0),
         _ => json!({ "anyOf": cases }),
     })
+}
+
+/// Whether `way` is `{"not": {"type": T}}` with `T` the one type `base` or `branch` demands,
+/// so that nothing satisfies both.
+fn excluded_by_type(way: &Value, base: &Map<String, Value>, branch: &Value) -> bool {
+    let Some(Value::String(t)) = way
+        .get("not")
+        .filter(|_| way.as_object().is_some_and(|m| m.len() == 1))
+        .and_then(|n| n.as_object().filter(|m| m.len() == 1).and_then(|m| m.get("type")))
+    else {
+        return false;
+    };
+    let demands = |v: Option<&Value>| matches!(v, Some(Value::String(x)) if x == t);
+    demands(base.get("type")) || demands(branch.get("type"))
 }
 
 /// Whether a schema has a reference anywhere inside.

@@ -244,3 +244,29 @@ fn one_of_told_apart_only_by_skipped_properties_stays_any_of() {
     assert!(accepts(schema, r#"{"status":"ok","data":1}"#));
     assert!(accepts(schema, r#"{"status":"fail","data":1}"#));
 }
+
+#[test]
+fn one_of_ways_to_fail_that_the_type_rules_out_are_not_cases() {
+    // Four object branches, each failing in three ways of which "not an object" cannot
+    // happen here: 4 x 2^3 cases instead of 4 x 3^3 (over the budget of 64).
+    let branch = |k: &str| {
+        format!(
+            r#"{{"type": "object", "required": ["{k}"], "properties": {{"{k}": {{"type": "object",
+                "required": ["name"], "properties": {{"name": {{"type": "string"}},
+                "list": {{"type": "array", "items": {{"type": "string"}}}}}}}}}}}}"#
+        )
+    };
+    let schema = format!(
+        r#"{{"type": "object", "oneOf": [{}, {}, {}, {}]}}"#,
+        branch("a"),
+        branch("b"),
+        branch("c"),
+        branch("d")
+    );
+    let (_, warnings) = compile_recognizer("json-schema", &schema, "{}").unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].message.starts_with("`oneOf` is enforced strictly"), "{warnings:?}");
+    assert!(accepts(&schema, r#"{"a":{"name":"x","list":["y"]}}"#));
+    assert!(accepts(&schema, r#"{"a":{"name":"x"},"b":{"list":[]}}"#), "`b` fails by its own required");
+    assert!(!accepts(&schema, r#"{"a":{"name":"x"},"b":{"name":"y"}}"#), "two branches hold");
+}
