@@ -9,8 +9,17 @@
 //!   united, bounds tightened, `type` intersected); what cannot be merged is an error naming
 //!   the keyword.
 //! - `oneOf` is exact where its branches have disjoint types, or where they can be negated
-//!   (the forms `if` takes, no `$ref`): the union of each branch with every other failing.
-//!   Elsewhere it is enforced as `anyOf`, and a warning says so.
+//!   (the forms `if` takes, no `$ref` in the branches): the union of each branch with every
+//!   other failing. Where the only obstacle is property schemas that cannot be negated (a
+//!   `$ref`, `items`, a pattern), it is enforced strictly, with a warning: those ways to fail
+//!   are dropped, so a few valid outputs are refused and no invalid one is accepted (tried
+//!   only where every branch requires a property another does not). Elsewhere it is
+//!   enforced as `anyOf`, and a warning says so.
+//! - `format`: `date`, `time`, `date-time`, `duration`, `uuid`, `ipv4`, `ipv6`, `uri`,
+//!   `uri-reference` and `json-pointer` are exact patterns (checked against the `jsonschema`
+//!   crate in `tests/tests/json_schema_formats.rs`); `hostname` is strict (no IDNA labels);
+//!   `email` and the IRI forms are approximated; unknown formats allow any string. Each
+//!   approximation is a warning.
 //! - `dependentRequired` and array-valued `dependencies` track the presence of the properties
 //!   involved (at most 64 per object; not together with `maxProperties`); in schema order a
 //!   trigger is offered only while what it requires can still follow it.
