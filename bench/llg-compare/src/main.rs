@@ -35,11 +35,13 @@ struct Args {
     data: PathBuf,
     limit: Option<usize>,
     dspark: Option<PathBuf>,
+    /// Where to link the files llguidance compiles (for a run of both on those only).
+    compiled_to: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args> {
     let mut args = std::env::args().skip(1);
-    let (mut tokenizer, mut data, mut limit, mut dspark) = (None, None, None, None);
+    let (mut tokenizer, mut data, mut limit, mut dspark, mut compiled_to) = (None, None, None, None, None);
     while let Some(a) = args.next() {
         let mut value = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -47,7 +49,11 @@ fn parse_args() -> Result<Args> {
             "--data" => data = Some(PathBuf::from(value()?)),
             "--limit" => limit = Some(value()?.parse().context("--limit takes a number")?),
             "--dspark" => dspark = Some(PathBuf::from(value()?)),
-            other => bail!("unknown argument {other}; usage: --tokenizer T.json --data DIR [--limit N] [--dspark BIN]"),
+            "--compiled-to" => compiled_to = Some(PathBuf::from(value()?)),
+            other => bail!(
+                "unknown argument {other}; usage: --tokenizer T.json --data DIR [--limit N] [--dspark BIN] \
+                 [--compiled-to DIR]"
+            ),
         }
     }
     Ok(Args {
@@ -55,6 +61,7 @@ fn parse_args() -> Result<Args> {
         data: data.context("--data is required")?,
         limit,
         dspark,
+        compiled_to,
     })
 }
 
@@ -89,6 +96,7 @@ struct Stats {
     mask_us: Vec<f64>,
     tokens: usize,
     forced: usize,
+    compiled_files: Vec<PathBuf>,
 }
 
 /// The schema with llguidance's options for dspark's default output (compact, no free
@@ -164,7 +172,7 @@ fn summary(v: &mut [f64], ps: &[(&str, f64)]) -> Value {
 }
 
 /// llguidance's MaskBench over `files`, as the same JSON object dspark's `--json` prints.
-fn run_llguidance(args: &Args, files: &[PathBuf]) -> Result<Value> {
+fn run_llguidance(args: &Args, files: &[PathBuf]) -> Result<(Value, Vec<PathBuf>)> {
     let tok = toktrie_hf_tokenizers::ByteTokenizer::from_file(&args.tokenizer)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("loading {}", args.tokenizer.display()))?;
@@ -189,6 +197,7 @@ fn run_llguidance(args: &Args, files: &[PathBuf]) -> Result<Value> {
         }
         s.compile_ms.push(t0.elapsed().as_secs_f64() * 1e3);
         s.compiled += 1;
+        s.compiled_files.push(f.clone());
         for t in case["tests"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
             let text = serde_json::to_string(&t["data"])?;
             let valid = t["valid"].as_bool().unwrap_or(false);
@@ -208,7 +217,7 @@ fn run_llguidance(args: &Args, files: &[PathBuf]) -> Result<Value> {
             }
         }
     }
-    Ok(json!({
+    let report = json!({
         "schemas": s.schemas,
         "compiled": s.compiled,
         "compile_errors": s.compile_errors,
@@ -220,7 +229,8 @@ fn run_llguidance(args: &Args, files: &[PathBuf]) -> Result<Value> {
         "mask_us": summary(&mut s.mask_us, &[("p50", 0.5), ("p90", 0.9), ("p99", 0.99)]),
         "ff_share": if s.tokens == 0 { 0.0 } else { s.forced as f64 / s.tokens as f64 },
         "wall_s": wall.elapsed().as_secs_f64(),
-    }))
+    });
+    Ok((report, s.compiled_files))
 }
 
 /// dspark's maskbench on the same data (`--json`).
@@ -249,7 +259,17 @@ fn main() -> Result<()> {
     if let Some(n) = args.limit {
         all.truncate(n);
     }
-    let llg = run_llguidance(&args, &all)?;
+    let (llg, compiled) = run_llguidance(&args, &all)?;
+    if let Some(dir) = &args.compiled_to {
+        // Flat names: the folder path joined with `---`, as the benchmark's own names are.
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for f in &compiled {
+            let rel = f.strip_prefix(&args.data).unwrap_or(f);
+            let name = rel.to_string_lossy().replace('/', "---");
+            let target = std::fs::canonicalize(f)?;
+            std::os::unix::fs::symlink(&target, dir.join(name)).with_context(|| format!("linking {}", f.display()))?;
+        }
+    }
     let ds = args.dspark.as_deref().map(|bin| run_dspark(bin, &args)).transpose()?;
     let f = |v: &Value, path: &[&str]| -> String {
         let mut x = v;

@@ -1128,7 +1128,13 @@ impl SchemaRecognizer {
                 }
                 frame(NUM_FRAC, neg, nv, if tracked { k } else { 0 }, 0, false)
             }
-            (NUM_ZERO | NUM_INT | NUM_FRAC, b'e' | b'E') if !n.integer => frame(NUM_E, neg, v, frac, 0, false),
+            // A zero mantissa stays zero whatever the exponent: refused where zero is.
+            (NUM_ZERO | NUM_INT | NUM_FRAC, b'e' | b'E') if !n.integer => {
+                if tracked && v == 0.0 && !admits_zero(n) {
+                    return NumStep::Reject;
+                }
+                frame(NUM_E, neg, v, frac, 0, false)
+            }
             // With bounds, an exponent sign or digit is refused once no completion can land
             // inside them: a non-negative exponent only grows the magnitude, a negative one
             // only shrinks it.
@@ -1264,9 +1270,18 @@ fn exact_prefix_feasible(lo: i128, hi: i128, neg: bool, m: u64) -> bool {
     false
 }
 
-/// `v * 10^(±e)`.
+/// `v * 10^(±e)` (zero for a zero `v`, where `10^e` may be infinite).
 fn scaled(v: f64, e: u16, neg_exp: bool) -> f64 {
+    if v == 0.0 {
+        return 0.0;
+    }
     if neg_exp { v / 10f64.powi(e as i32) } else { v * 10f64.powi(e as i32) }
+}
+
+/// Whether zero is within a number node's bounds.
+fn admits_zero(n: &crate::graph::NumberNode) -> bool {
+    n.min.is_none_or(|(m, excl)| m < 0.0 || (m == 0.0 && !excl))
+        && n.max.is_none_or(|(m, excl)| m > 0.0 || (m == 0.0 && !excl))
 }
 
 /// Whether a magnitude of `v` (sign `neg`) is already past the bound it grows towards.

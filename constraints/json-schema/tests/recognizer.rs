@@ -383,3 +383,19 @@ fn unique_items_over_open_strings_are_enforced() {
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(rec.matches(br##"["#ff0000","#ff0000"]"##));
 }
+
+#[test]
+fn a_zero_mantissa_with_an_exponent_is_zero() {
+    let (rec, _) = compile_recognizer("json-schema", r#"{"type":"number","minimum":0.0167}"#, "{}").unwrap();
+    for bad in ["0E600704229972575", "0e5", "0.0e1", "0.00E-3"] {
+        assert!(!rec.matches(bad.as_bytes()), "{bad}");
+    }
+    for ok in ["1e-1", "0.5", "2E0", "0.02e0"] {
+        assert!(rec.matches(ok.as_bytes()), "{ok}");
+    }
+    // No trap: the exponent is not offered after a zero that cannot reach the minimum.
+    let zero = rec.advance(&rec.start(), b'0').unwrap();
+    assert!(rec.advance(&zero, b'e').is_none());
+    let (rec, _) = compile_recognizer("json-schema", r#"{"type":"number","minimum":0}"#, "{}").unwrap();
+    assert!(rec.matches(b"0e5"));
+}
