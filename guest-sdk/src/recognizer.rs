@@ -242,14 +242,47 @@ impl<R: Recognizer> RecognizerMatcher<R> {
             return Vec::new();
         }
         let mut tokens = self.table.tokenize(&bytes);
-        // The last token could merge with free bytes that follow (e.g. `"` + `,` -> `",`):
-        // hold it back where something can follow and it might.
-        if bytes.len() >= MAX_FORCED_BYTES
-            || (self.rec.can_extend(&s) && tokens.last().is_some_and(|&t| self.may_merge(t, &s)))
-        {
+        if bytes.len() >= MAX_FORCED_BYTES {
             tokens.pop();
+        } else if self.rec.can_extend(&s) {
+            // The tail could merge with free bytes that follow (`"` + `,` -> `",`, or over two
+            // tokens: `":` + `{` + `"` -> `":{"`): hold back what might.
+            let keep = self.certain_tokens(&tokens, &bytes, &s);
+            tokens.truncate(keep);
         }
         tokens
+    }
+
+    /// How many of `tokens` (the tokenization of the forced `bytes`, which end at state
+    /// `after`) the tokenizer would produce whatever follows: those before the earliest
+    /// token from which the rest of the bytes could merge with a byte the recogniser allows
+    /// next. Checked from each token boundary within the longest token's length of the end;
+    /// the last token also from inside it (see [`Self::may_merge`]).
+    fn certain_tokens(&self, tokens: &[u32], bytes: &[u8], after: &R::State) -> usize {
+        let trie = self.table.trie();
+        let reach = trie.max_token_len();
+        let mut allowed: [Option<bool>; 256] = [None; 256];
+        let mut keep = tokens.len();
+        let mut start = bytes.len();
+        for (i, &t) in tokens.iter().enumerate().rev() {
+            start -= self.table.token_bytes(t).len().min(start);
+            if bytes.len() - start > reach {
+                break;
+            }
+            let merges = if i + 1 == tokens.len() {
+                self.may_merge(t, after)
+            } else {
+                let mut merges = false;
+                trie.continuations(&bytes[start..], |b| {
+                    merges |= *allowed[b as usize].get_or_insert_with(|| self.rec.advance(after, b).is_some());
+                });
+                merges
+            };
+            if merges {
+                keep = i;
+            }
+        }
+        keep
     }
 
     /// Whether token `last`, ending at state `after`, could merge with bytes that follow into
@@ -446,6 +479,22 @@ mod tests {
         assert_eq!(allowed, vec![b'h' as u32, he, hel, help]);
         let eos = table.eos_tokens()[0];
         assert!(!m.allowed_tokens().contains(eos));
+    }
+
+    #[test]
+    fn a_forced_tail_that_could_merge_over_two_tokens_is_held_back() {
+        // "abcde" is forced, then `x` or `y`; "cd" + "e" + "x" is the token "cdex", so the
+        // tokenizer's choice for "cde" depends on what follows: only "ab" is certain.
+        let table = Arc::new(TokenTable::byte_level_for_tests(&["ab", "cd", "cdex"]));
+        let c = RecognizerConstraint::new(Words(vec!["abcdex", "abcdey"]), &table, vec![]);
+        let mut m = c.matcher();
+        let r = m.commit(&[]).unwrap();
+        assert_eq!(r.forced, vec![256], "only `ab` is forced");
+        // Without such a token, the whole span is forced ("e" merges with nothing).
+        let table = Arc::new(TokenTable::byte_level_for_tests(&["ab", "cd"]));
+        let c = RecognizerConstraint::new(Words(vec!["abcdex", "abcdey"]), &table, vec![]);
+        let r = c.matcher().commit(&[]).unwrap();
+        assert_eq!(r.forced, vec![256, 257, b'e' as u32]);
     }
 
     #[test]
