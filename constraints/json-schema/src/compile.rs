@@ -35,6 +35,10 @@
 //!   64-bit hash of each item's decoded text, and a closing quote that would repeat one is
 //!   refused, which never leaves the writer stuck. Elsewhere it is a warning. Unknown keywords are ignored, as JSON Schema says, with a warning.
 //! - Regex `pattern`s use the Rust syntax with ECMA-262's ASCII meaning of `\d` and `\w`.
+//!   Strings under a pattern or format are written without `\u` escapes and without `\/`
+//!   (the same values as their plain forms, which a compact serialiser writes): a digit of a
+//!   `\u` escape would decide too late whether the pattern survives, and a `/` the pattern
+//!   requires is then forced.
 
 use std::collections::HashMap;
 

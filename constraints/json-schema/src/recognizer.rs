@@ -766,9 +766,10 @@ impl SchemaRecognizer {
                 let mut dfa = dfa;
                 if !s.patterns.is_empty() {
                     // Under a pattern, `\u` escapes are not written (their digits would decide
-                    // too late whether the pattern survives), and `\` only when some simple
-                    // escape keeps every pattern alive.
-                    if chars.esc == 1 && b == b'u' {
+                    // too late whether the pattern survives), nor `\/` (`/` needs no escape,
+                    // and without it a `/` the pattern requires is forced), and `\` only when
+                    // some simple escape keeps every pattern alive.
+                    if chars.esc == 1 && (b == b'u' || b == b'/') {
                         return;
                     }
                     if free && b == b'\\' && !self.some_escape_survives(&s.patterns, dfa) {
@@ -904,10 +905,10 @@ impl SchemaRecognizer {
         Frame::Str { node, len: 0, chars: Chars::default(), dfa, text }
     }
 
-    /// Whether one of the simple escapes (`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`)
-    /// keeps every pattern alive from `dfa`.
+    /// Whether one of the simple escapes written under a pattern (`\"`, `\\`, `\b`, `\f`,
+    /// `\n`, `\r`, `\t`) keeps every pattern alive from `dfa`.
     fn some_escape_survives(&self, patterns: &[u32], dfa: [u32; 2]) -> bool {
-        [b'"', b'\\', b'/', 0x08, 0x0C, b'\n', b'\r', b'\t'].iter().any(|&byte| {
+        [b'"', b'\\', 0x08, 0x0C, b'\n', b'\r', b'\t'].iter().any(|&byte| {
             patterns.iter().enumerate().take(2).all(|(k, &p)| {
                 let d = &self.graph.dfas[p as usize];
                 let st = d.next_state(StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO), byte);

@@ -399,3 +399,19 @@ fn a_zero_mantissa_with_an_exponent_is_zero() {
     let (rec, _) = compile_recognizer("json-schema", r#"{"type":"number","minimum":0}"#, "{}").unwrap();
     assert!(rec.matches(b"0e5"));
 }
+
+#[test]
+fn a_slash_under_a_pattern_is_written_plain_and_forced() {
+    let (rec, _) = compile_recognizer("json-schema", r#"{"type":"string","pattern":"^a/b$"}"#, "{}").unwrap();
+    assert!(rec.matches(br#""a/b""#));
+    assert!(!rec.matches(br#""a\/b""#));
+    let mut s = rec.start();
+    for &b in br#""a"# {
+        s = rec.advance(&s, b).unwrap();
+    }
+    let next: Vec<u8> = (0..=255u8).filter(|&b| rec.advance(&s, b).is_some()).collect();
+    assert_eq!(next, b"/");
+    // Without a pattern every JSON escape stays: `\/` is `/`.
+    let (rec, _) = compile_recognizer("json-schema", r#"{"type":"string"}"#, "{}").unwrap();
+    assert!(rec.matches(br#""a\/b""#));
+}
