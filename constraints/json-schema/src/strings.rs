@@ -295,11 +295,12 @@ fn fill_one(
             let Node::String(s) = g.node(*node) else { return };
             if s.patterns.is_empty() && s.max_len == u32::MAX {
                 or_into(set, &sets.content);
-                let tracked = state.tracked_text();
-                match (tracked, state.untracked_text()) {
+                // The untracked copy is made only for a tracked item (the common string has none).
+                let tracked = state.tracked_text().and_then(|t| Some((t, state.untracked_text()?)));
+                match tracked {
                     // An item under an exact `uniqueItems`: a closing token is allowed when its
                     // tail is (judged as for any string) and its text repeats no item.
-                    (Some((h, items)), Some(free)) if !embedded && *len >= s.min_len => {
+                    Some(((h, items), free)) if !embedded && *len >= s.min_len => {
                         let fresh = |t: u32, prefix: usize| {
                             let bytes = table.token_bytes(t);
                             // A tail that also closes the next item (`","a"`) is judged whole.
@@ -314,7 +315,7 @@ fn fill_one(
                         let walk_free = |trie: &TokenTrie, ok: &mut TokenSet| rec.fill_trie_by_table(&free, trie, ok);
                         sets.tails.fill(set, &walk_free, fresh);
                     }
-                    (None, _) if *len >= s.min_len => sets.tails.fill(set, walk, |_, _| true),
+                    None if *len >= s.min_len => sets.tails.fill(set, walk, |_, _| true),
                     _ => walk(&sets.closing_trie, set),
                 }
                 return;
