@@ -612,11 +612,27 @@ impl Q8_1Rows {
             d: vec![0f32; rows * blocks],
             s: vec![0f32; rows * blocks],
         };
-        for (i, block) in x.chunks_exact(BLOCK).enumerate().take(rows * blocks) {
-            let (amax, sum) = quantize_block(block, &mut out.words[i * 8..][..8]);
-            let dh = f16::from_f32(amax / 127.0);
-            out.d[i] = dh.to_f32();
-            out.s[i] = (f16::from_f32(sum as f32) * dh).to_f32();
+        let quantize_row = |((x, words), (d, s)): ((&[f32], &mut [i32]), (&mut [f32], &mut [f32]))| {
+            for (i, block) in x.chunks_exact(BLOCK).enumerate() {
+                let (amax, sum) = quantize_block(block, &mut words[i * 8..][..8]);
+                let dh = f16::from_f32(amax / 127.0);
+                d[i] = dh.to_f32();
+                s[i] = (f16::from_f32(sum as f32) * dh).to_f32();
+            }
+        };
+        if k == 0 || blocks == 0 {
+            return out;
+        }
+        // Rows are independent; a batch's rows are quantised in parallel (the same values).
+        if rows >= 4 {
+            use rayon::prelude::*;
+            let inputs = x.par_chunks_exact(k).zip(out.words.par_chunks_exact_mut(k / 4));
+            let scales = out.d.par_chunks_exact_mut(blocks).zip(out.s.par_chunks_exact_mut(blocks));
+            inputs.zip(scales).for_each(quantize_row);
+        } else {
+            let inputs = x.chunks_exact(k).zip(out.words.chunks_exact_mut(k / 4));
+            let scales = out.d.chunks_exact_mut(blocks).zip(out.s.chunks_exact_mut(blocks));
+            inputs.zip(scales).for_each(quantize_row);
         }
         out
     }
