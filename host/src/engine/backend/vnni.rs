@@ -601,6 +601,10 @@ impl Q8_0Rows {
     }
 }
 
+/// One row's input values and its quantised words, scales and sums, as [`Q8_1Rows::quantize`]
+/// hands them out.
+type RowParts<'a> = ((&'a [f32], &'a mut [i32]), (&'a mut [f32], &'a mut [f32]));
+
 impl Q8_1Rows {
     /// Quantises `rows x k` values block by block, as candle's `quantize_row_q8_1` does:
     /// `d = amax / 127`, `q = round(x / d)`, `s = f16(sum q) * f16(d)` rounded to f16.
@@ -612,7 +616,7 @@ impl Q8_1Rows {
             d: vec![0f32; rows * blocks],
             s: vec![0f32; rows * blocks],
         };
-        let quantize_row = |((x, words), (d, s)): ((&[f32], &mut [i32]), (&mut [f32], &mut [f32]))| {
+        let quantize_row = |((x, words), (d, s)): RowParts| {
             for (i, block) in x.chunks_exact(BLOCK).enumerate() {
                 let (amax, sum) = quantize_block(block, &mut words[i * 8..][..8]);
                 let dh = f16::from_f32(amax / 127.0);
