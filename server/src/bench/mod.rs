@@ -82,6 +82,10 @@ pub struct BenchArgs {
     /// Records per prompt.
     #[arg(long, default_value_t = 20)]
     records: usize,
+    /// Leave the number of records open in the schema (no `minItems`/`maxItems`; by default
+    /// the array holds exactly `--records` items, as the instruction says).
+    #[arg(long)]
+    any_count: bool,
     /// Seed of the prompts (and of sampling, when the temperature is above 0).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -183,8 +187,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             schema_field: args.compare_schema_field.unwrap_or(args.schema_field),
         }),
     };
-    let prompts: Vec<Arc<Prompt>> =
-        (0..args.requests).map(|i| Arc::new(workload::prompt(args.workload, args.seed, i, args.records))).collect();
+    let prompts: Vec<Arc<Prompt>> = (0..args.requests)
+        .map(|i| Arc::new(workload::prompt(args.workload, args.seed, i, args.records, !args.any_count)))
+        .collect();
     let targets: Vec<Arc<Target>> = std::iter::once(primary).chain(secondary).map(Arc::new).collect();
     let mut outcomes: Vec<Vec<Option<Outcome>>> = vec![vec![None; prompts.len()]; targets.len()];
     let mut walls = vec![0.0f64; targets.len()];
@@ -206,8 +211,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             eprintln!("  {end}/{} requests per target done", prompts.len());
         }
     }
-    let validator = jsonschema::validator_for(&workload::schema(args.workload))
-        .map_err(|e| anyhow::anyhow!("the workload schema does not compile: {e}"))?;
+    let validator =
+        jsonschema::validator_for(&workload::schema(args.workload, (!args.any_count).then_some(args.records)))
+            .map_err(|e| anyhow::anyhow!("the workload schema does not compile: {e}"))?;
     let summaries: Vec<Summary> = targets
         .iter()
         .zip(&outcomes)
@@ -396,6 +402,7 @@ fn print(args: &BenchArgs, summaries: &[Summary], identical: Option<f64>) {
             "requests": args.requests,
             "concurrency": args.concurrency,
             "records": args.records,
+            "records_bound_in_schema": !args.any_count,
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
             "targets": summaries,
@@ -406,8 +413,14 @@ fn print(args: &BenchArgs, summaries: &[Summary], identical: Option<f64>) {
         return;
     }
     println!(
-        "workload {:?}, {} requests per target, concurrency {}, {} records, max_tokens {}, temperature {}",
-        args.workload, args.requests, args.concurrency, args.records, args.max_tokens, args.temperature
+        "workload {:?}, {} requests per target, concurrency {}, {} records{}, max_tokens {}, temperature {}",
+        args.workload,
+        args.requests,
+        args.concurrency,
+        args.records,
+        if args.any_count { " (any count)" } else { "" },
+        args.max_tokens,
+        args.temperature
     );
     let labels: Vec<String> = summaries.iter().map(|s| s.target.clone()).collect();
     for (i, l) in labels.iter().enumerate() {
@@ -477,7 +490,7 @@ mod tests {
     fn a_whitespace_pattern_goes_with_every_constrained_request() {
         use clap::Parser;
         let args = Cli::parse_from(["bench", "--model", "m", "--whitespace-pattern", "[\\n ]{0,16}"]).bench;
-        let prompt = workload::prompt(Workload::Orders, 0, 0, 2);
+        let prompt = workload::prompt(Workload::Orders, 0, 0, 2, true);
         let body = request_body(&target(SchemaField::ResponseFormat), &prompt, 0, &args);
         assert_eq!(body["structured_outputs"], json!({"whitespace_pattern": "[\\n ]{0,16}"}));
         assert_eq!(body["response_format"]["json_schema"]["schema"], prompt.schema);
@@ -486,7 +499,7 @@ mod tests {
         // Unconstrained requests and schema-less targets get nothing.
         let body = request_body(&target(SchemaField::None), &prompt, 0, &args);
         assert!(body.get("structured_outputs").is_none());
-        let text = workload::prompt(Workload::Text, 0, 0, 2);
+        let text = workload::prompt(Workload::Text, 0, 0, 2, true);
         let body = request_body(&target(SchemaField::ResponseFormat), &text, 0, &args);
         assert!(body.get("structured_outputs").is_none() && body.get("response_format").is_none());
         // Without the option the body is as before.

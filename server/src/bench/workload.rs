@@ -5,6 +5,11 @@
 //!   (order id, product, quantity, unit price, total price, status) in varied sentences; the
 //!   model extracts them into `{"orders": [...]}` under a fixed schema. The order id has the
 //!   pattern the text uses (`ORD-` and four digits), as a schema written for this data would.
+//!   The array holds exactly N records (`minItems` = `maxItems` = N): the instruction says how
+//!   many the text holds, and so does a schema written for the request. Without the bound
+//!   (`dspark bench --any-count`) small models keep inventing records until `max_tokens` cuts
+//!   the JSON (SmolLM2-135M: a quarter of the answers), which measures the model's stamina,
+//!   not the server.
 //! - `users`: the same shape with N users (id, name, age, email).
 //! - `text`: the `orders` prompts with no constraint (the model's unconstrained speed on the
 //!   same inputs).
@@ -85,9 +90,9 @@ const FIRST: &[&str] =
 const LAST: &[&str] =
     &["Moreno", "Novak", "Okafor", "Petrov", "Quinn", "Rossi", "Sato", "Tanaka", "Ueda", "Varga", "Weber", "Young"];
 
-/// The fixed schema of a workload.
-pub fn schema(workload: Workload) -> Value {
-    match workload {
+/// The fixed schema of a workload; `count`, when given, is the exact number of records.
+pub fn schema(workload: Workload, count: Option<usize>) -> Value {
+    let mut schema = match workload {
         Workload::Orders | Workload::Text => json!({
             "type": "object",
             "properties": {"orders": {"type": "array", "items": {
@@ -122,11 +127,19 @@ pub fn schema(workload: Workload) -> Value {
             "required": ["users"],
             "additionalProperties": false
         }),
+    };
+    if let Some(n) = count {
+        let key = if workload == Workload::Users { "users" } else { "orders" };
+        let array = &mut schema["properties"][key];
+        array["minItems"] = json!(n);
+        array["maxItems"] = json!(n);
     }
+    schema
 }
 
-/// Prompt `index` of `seed` with `records` records.
-pub fn prompt(workload: Workload, seed: u64, index: usize, records: usize) -> Prompt {
+/// Prompt `index` of `seed` with `records` records; `bound_count` puts their number in the
+/// schema.
+pub fn prompt(workload: Workload, seed: u64, index: usize, records: usize, bound_count: bool) -> Prompt {
     let mut rng = Rng(seed ^ (index as u64).wrapping_mul(0xA24B_AED4_963E_E407));
     let (key, lines, truth) = match workload {
         Workload::Orders | Workload::Text => orders(&mut rng, records),
@@ -147,7 +160,7 @@ pub fn prompt(workload: Workload, seed: u64, index: usize, records: usize) -> Pr
     Prompt {
         messages: json!([{"role": "user", "content": instruction}]),
         truth,
-        schema: schema(workload),
+        schema: schema(workload, bound_count.then_some(records)),
         constrained: workload != Workload::Text,
         key,
     }
@@ -257,9 +270,9 @@ mod tests {
 
     #[test]
     fn prompts_are_reproducible_and_differ_per_index() {
-        let a = prompt(Workload::Orders, 7, 3, 5);
-        let b = prompt(Workload::Orders, 7, 3, 5);
-        let c = prompt(Workload::Orders, 7, 4, 5);
+        let a = prompt(Workload::Orders, 7, 3, 5, true);
+        let b = prompt(Workload::Orders, 7, 3, 5, true);
+        let c = prompt(Workload::Orders, 7, 4, 5, true);
         assert_eq!(a.messages, b.messages);
         assert_ne!(a.messages, c.messages);
         assert_eq!(a.truth.len(), 5);
@@ -280,7 +293,7 @@ mod tests {
 
     #[test]
     fn scoring_counts_exact_records_only() {
-        let p = prompt(Workload::Users, 1, 0, 3);
+        let p = prompt(Workload::Users, 1, 0, 3, true);
         let validator = jsonschema::validator_for(&p.schema).unwrap();
         let mut answer = json!({"users": p.truth.clone()});
         answer["users"][1]["age"] = json!(999);
@@ -289,5 +302,22 @@ mod tests {
         assert!(!score(&p, &validator, "{\"users\": [").valid_json);
         let s = score(&p, &validator, "{\"people\": []}");
         assert_eq!((s.valid_json, s.schema_valid, s.records_right), (true, false, 0));
+    }
+
+    #[test]
+    fn the_schema_holds_exactly_the_records_of_the_text_unless_told_otherwise() {
+        for workload in [Workload::Orders, Workload::Users] {
+            let p = prompt(workload, 3, 1, 4, true);
+            let validator = jsonschema::validator_for(&p.schema).unwrap();
+            let mut records = p.truth.clone();
+            assert!(validator.is_valid(&json!({p.key: records})));
+            records.push(p.truth[0].clone());
+            assert!(!validator.is_valid(&json!({p.key: records})), "{workload:?}: one record too many");
+            assert!(!validator.is_valid(&json!({p.key: p.truth[..3]})), "{workload:?}: one record too few");
+            let open = prompt(workload, 3, 1, 4, false);
+            let validator = jsonschema::validator_for(&open.schema).unwrap();
+            assert!(validator.is_valid(&json!({p.key: records})));
+            assert!(validator.is_valid(&json!({p.key: p.truth[..3]})));
+        }
     }
 }
