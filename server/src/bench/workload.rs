@@ -9,7 +9,9 @@
 //!   many the text holds, and so does a schema written for the request. Without the bound
 //!   (`dspark bench --any-count`) small models keep inventing records until `max_tokens` cuts
 //!   the JSON (SmolLM2-135M: a quarter of the answers), which measures the model's stamina,
-//!   not the server.
+//!   not the server. Free-text fields have a `maxLength` of 64 (the longest true value has
+//!   27 characters) for the same reason: a small model caught in a loop inside a string
+//!   (`"MECHANICAL_KEYWORD_KEYWORD_..."`) would otherwise run to `max_tokens`.
 //! - `users`: the same shape with N users (id, name, age, email).
 //! - `text`: the `orders` prompts with no constraint (the model's unconstrained speed on the
 //!   same inputs).
@@ -99,7 +101,7 @@ pub fn schema(workload: Workload, count: Option<usize>) -> Value {
                 "type": "object",
                 "properties": {
                     "order_id": {"type": "string", "pattern": "^ORD-[0-9]{4}$"},
-                    "product_name": {"type": "string"},
+                    "product_name": {"type": "string", "maxLength": 64},
                     "quantity": {"type": "integer"},
                     "unit_price": {"type": "number"},
                     "total_price": {"type": "number"},
@@ -117,9 +119,9 @@ pub fn schema(workload: Workload, count: Option<usize>) -> Value {
                 "type": "object",
                 "properties": {
                     "id": {"type": "integer"},
-                    "name": {"type": "string"},
+                    "name": {"type": "string", "maxLength": 64},
                     "age": {"type": "integer"},
-                    "email": {"type": "string"}
+                    "email": {"type": "string", "maxLength": 64}
                 },
                 "required": ["id", "name", "age", "email"],
                 "additionalProperties": false
