@@ -22,6 +22,9 @@
 //!   crate), % records exactly right (every field of a true record found in the answer);
 //! - finish-reason counts and failed requests (with the first error).
 //!
+//! The workload schemas hold exactly `--records` records and bound free-text fields (see
+//! [`workload`]); `--any-count` leaves the array's length open, as earlier runs had it.
+//!
 //! `--whitespace-pattern` adds vLLM's `structured_outputs.whitespace_pattern` to constrained
 //! requests (dspark and vLLM honour it; llama.cpp ignores the field). Small models that were
 //! tuned on pretty-printed JSON (Qwen2.5) write better records when allowed their newlines.
