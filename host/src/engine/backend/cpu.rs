@@ -4,7 +4,7 @@
 //! (which quantise the activations to 8 bits per block and use AVX2 when the crate is built for
 //! x86-64-v3, see `.cargo/config.toml`). Norms, RoPE, the gated activation and residual adds
 //! are short loops over row-major f32 slices, parallel over rows for batches and chunks
-//! ([`for_row_chunks`]); paged attention is parallel over (row, head), with rayon.
+//! (`for_row_chunks`); paged attention is parallel over (row, head), with rayon.
 //!
 //! Numerics: attention is computed for every row exactly as candle computes it for a single
 //! decoded token (its GEMM kernels' summation orders and softmax reduction on AVX2, see
