@@ -152,20 +152,36 @@ fn for_each_tile(rows: usize, groups: usize, row_tile: usize, work: usize, tile:
     }
 }
 
+/// One cache line. The packed weights are vectors of cache lines, so every 64-byte load is
+/// aligned: a large `Vec<u8>` starts 16 bytes into a page, and then every vector load would
+/// straddle two lines.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A zeroed vector of `n` cache lines.
+fn lines(n: usize) -> Vec<Line> {
+    vec![Line([0; 64]); n]
+}
+
 /// Q4_1 weights repacked for the kernel: for each group of 16 output columns and each block,
-/// four 64-byte vectors (lane `c` of vector `j` holds bytes `4j..4j+4` of column `c`'s block,
-/// i.e. the weights of positions `4j..4j+4` in its low nibbles and `16+4j..16+4j+4` in its
-/// high nibbles), then the 16 scales and 16 minimums as f32.
+/// five cache lines, read front to back: four 64-byte vectors (lane `c` of vector `j` holds
+/// bytes `4j..4j+4` of column `c`'s block, i.e. the weights of positions `4j..4j+4` in its
+/// low nibbles and `16+4j..16+4j+4` in its high nibbles), then the 16 scales and the 16
+/// minimums as the file's f16 (widened to f32 in the kernel, exactly). The layout holds the
+/// GGUF's 20 bytes per block and column and no more: a decode step streams every weight
+/// once, so its time is these bytes over the memory bandwidth.
 pub struct PackedQ4_1 {
     /// Output columns (weight rows).
     pub n: usize,
     /// Inner dimension.
     pub k: usize,
     blocks: usize,
-    qs: Vec<u8>,
-    d: Vec<f32>,
-    m: Vec<f32>,
+    lines: Vec<Line>,
 }
+
+/// Cache lines per (group, block) of [`PackedQ4_1`].
+const Q4_1_LINES: usize = 5;
 
 /// Activations quantised to Q8_1, exactly as candle's `BlockQ8_1::from_float`.
 struct Q8_1Rows {
@@ -203,28 +219,26 @@ impl PackedQ4_1 {
             return None;
         }
         let groups = n / LANES;
-        let mut qs = vec![0u8; groups * blocks * 256];
-        let mut d = vec![0f32; groups * blocks * LANES];
-        let mut m = vec![0f32; groups * blocks * LANES];
+        let mut packed = lines(groups * blocks * Q4_1_LINES);
         for col in 0..n {
             let (g, c) = (col / LANES, col % LANES);
             for b in 0..blocks {
                 let block = &raw[(col * blocks + b) * 20..][..20];
-                let at = (g * blocks + b) * LANES + c;
-                d[at] = f16::from_le_bytes([block[0], block[1]]).to_f32();
-                m[at] = f16::from_le_bytes([block[2], block[3]]).to_f32();
-                let base = (g * blocks + b) * 256;
+                let at = &mut packed[(g * blocks + b) * Q4_1_LINES..][..Q4_1_LINES];
                 for j in 0..4 {
-                    qs[base + j * 64 + c * 4..][..4].copy_from_slice(&block[4 + 4 * j..][..4]);
+                    at[j].0[c * 4..][..4].copy_from_slice(&block[4 + 4 * j..][..4]);
                 }
+                // d and m stay f16, in the file's byte order.
+                at[4].0[c * 2..][..2].copy_from_slice(&block[0..2]);
+                at[4].0[32 + c * 2..][..2].copy_from_slice(&block[2..4]);
             }
         }
-        Some(Self { n, k, blocks, qs, d, m })
+        Some(Self { n, k, blocks, lines: packed })
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.qs.len() + 4 * (self.d.len() + self.m.len())
+        self.lines.len() * 64
     }
 
     /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`. `None` when the CPU
@@ -275,20 +289,20 @@ impl PackedQ4_1 {
         debug_assert!(R <= ROW_TILE_Q4 && (r0 + R) * y.blocks * 8 <= y.words.len() && y.blocks == self.blocks);
         let nibble = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); R];
-        // SAFETY (every access below): `qs` holds 256 bytes and `d`, `m` 16 values per
-        // (group, block), g < n / 16; rows r0..r0 + R of `y` exist (the caller's promise) with
+        // SAFETY (every access below): `lines` holds 5 aligned lines per (group, block),
+        // g < n / 16; rows r0..r0 + R of `y` exist (the caller's promise) with
         // 8 words, one scale and one sum per block.
         unsafe {
-            let qs = self.qs.as_ptr().add(g * self.blocks * 256);
-            let (d, m) = (self.d.as_ptr().add(g * self.blocks * LANES), self.m.as_ptr().add(g * self.blocks * LANES));
+            let group = self.lines.as_ptr().add(g * self.blocks * Q4_1_LINES).cast::<u8>();
             let words = y.words.as_ptr().add(r0 * y.blocks * 8);
             let (yd, ys) = (y.d.as_ptr().add(r0 * y.blocks), y.s.as_ptr().add(r0 * y.blocks));
             for b in 0..self.blocks {
                 // One integer accumulator per row: integer sums are exact in any order, and
                 // the rows' chains are independent.
                 let mut sums = [_mm512_setzero_si512(); R];
+                let block = group.add(b * Q4_1_LINES * 64);
                 for j in 0..4 {
-                    let w = _mm512_loadu_si512(qs.add(b * 256 + j * 64).cast());
+                    let w = _mm512_load_si512(block.add(j * 64).cast());
                     let lo = _mm512_and_si512(w, nibble);
                     let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
                     for (t, sum) in sums.iter_mut().enumerate() {
@@ -297,7 +311,8 @@ impl PackedQ4_1 {
                         *sum = _mm512_dpbusd_epi32(*sum, hi, _mm512_set1_epi32(*row.add(4 + j)));
                     }
                 }
-                let (dx, mx) = (_mm512_loadu_ps(d.add(b * LANES)), _mm512_loadu_ps(m.add(b * LANES)));
+                let dx = _mm512_cvtph_ps(_mm256_load_si256(block.add(4 * 64).cast()));
+                let mx = _mm512_cvtph_ps(_mm256_load_si256(block.add(4 * 64 + 32).cast()));
                 for (t, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
                     let at = t * y.blocks + b;
                     let p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), dx), _mm512_set1_ps(*yd.add(at)));
@@ -320,14 +335,14 @@ impl PackedQ4_1 {
 
 /// Weights unpacked to one byte each (made unsigned by an offset), for the kernels whose
 /// activations are Q8_0: for each group of 16 output columns and each block, eight 64-byte
-/// vectors (lane `c` of vector `l` holds values `4l..4l+4` of column `c`'s block), then the 16
-/// scales as f32.
+/// vectors, one cache line each (lane `c` of vector `l` holds values `4l..4l+4` of column `c`'s
+/// block); beside them the 16 scales per (group, block) as the file's f16.
 struct ByteColumns {
     n: usize,
     k: usize,
     blocks: usize,
-    qs: Vec<u8>,
-    d: Vec<f32>,
+    qs: Vec<Line>,
+    d: Vec<f16>,
 }
 
 impl ByteColumns {
@@ -338,7 +353,7 @@ impl ByteColumns {
         n: usize,
         k: usize,
         block_bytes: usize,
-        unpack: impl Fn(&[u8]) -> (f32, [u8; BLOCK]),
+        unpack: impl Fn(&[u8]) -> (f16, [u8; BLOCK]),
     ) -> Option<Self> {
         if n == 0 || !n.is_multiple_of(LANES) || k == 0 || !k.is_multiple_of(BLOCK) {
             return None;
@@ -348,16 +363,16 @@ impl ByteColumns {
             return None;
         }
         let groups = n / LANES;
-        let mut qs = vec![0u8; groups * blocks * 512];
-        let mut d = vec![0f32; groups * blocks * LANES];
+        let mut qs = lines(groups * blocks * 8);
+        let mut d = vec![f16::ZERO; groups * blocks * LANES];
         for col in 0..n {
             let (g, c) = (col / LANES, col % LANES);
             for b in 0..blocks {
                 let (scale, values) = unpack(&raw[(col * blocks + b) * block_bytes..][..block_bytes]);
                 d[(g * blocks + b) * LANES + c] = scale;
-                let base = (g * blocks + b) * 512;
+                let base = (g * blocks + b) * 8;
                 for l in 0..8 {
-                    qs[base + l * 64 + c * 4..][..4].copy_from_slice(&values[4 * l..4 * l + 4]);
+                    qs[base + l].0[c * 4..][..4].copy_from_slice(&values[4 * l..4 * l + 4]);
                 }
             }
         }
@@ -365,7 +380,7 @@ impl ByteColumns {
     }
 
     fn bytes(&self) -> usize {
-        self.qs.len() + 4 * self.d.len()
+        self.qs.len() * 64 + 2 * self.d.len()
     }
 
     /// Quantises `x` to Q8_0 and runs `tile` over every (row tile, column group).
@@ -394,16 +409,17 @@ impl ByteColumns {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn vector(&self, gb: usize, l: usize) -> std::arch::x86_64::__m512i {
-        // SAFETY: 512 bytes per (group, block); the caller keeps l < 8.
-        unsafe { std::arch::x86_64::_mm512_loadu_si512(self.qs.as_ptr().add(gb * 512 + l * 64).cast()) }
+        // SAFETY: 8 aligned lines per (group, block); the caller keeps l < 8.
+        unsafe { std::arch::x86_64::_mm512_load_si512(self.qs.as_ptr().add(gb * 8 + l).cast()) }
     }
 
     /// The 16 scales of (group, block) `gb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn scales(&self, gb: usize) -> std::arch::x86_64::__m512 {
-        // SAFETY: 16 scales per (group, block).
-        unsafe { std::arch::x86_64::_mm512_loadu_ps(self.d.as_ptr().add(gb * LANES)) }
+        use std::arch::x86_64::*;
+        // SAFETY: 16 scales per (group, block); f16 to f32 is exact.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr().add(gb * LANES).cast())) }
     }
 }
 
@@ -431,7 +447,7 @@ impl PackedQ8_0 {
             return None;
         }
         ByteColumns::new(raw, n, k, 34, |block| {
-            (f16::from_le_bytes([block[0], block[1]]).to_f32(), std::array::from_fn(|i| block[2 + i] ^ 0x80))
+            (f16::from_le_bytes([block[0], block[1]]), std::array::from_fn(|i| block[2 + i] ^ 0x80))
         })
         .map(Self)
     }
@@ -510,7 +526,7 @@ impl PackedQ5_0 {
                 let (nibble, bit) = if i < 16 { (nibbles[i] & 0x0F, i) } else { (nibbles[i - 16] >> 4, i) };
                 nibble | ((((qh >> bit) & 1) as u8) << 4)
             });
-            (f16::from_le_bytes([block[0], block[1]]).to_f32(), values)
+            (f16::from_le_bytes([block[0], block[1]]), values)
         })
         .map(Self)
     }
