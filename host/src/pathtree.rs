@@ -55,9 +55,17 @@ struct Node {
     /// `None`: not asked yet; `Some(None)`: every token is allowed.
     mask: Option<Option<Mask>>,
     edges: HashMap<u32, Edge>,
+    /// The token last taken from this state and how many times in a row it was taken.
+    taken: Option<(u32, u32)>,
     last_used: u64,
     bytes: usize,
 }
+
+/// Times in a row a token must have been taken from a state before it is offered as a
+/// guess ([`PathTree::guess`]). Where the model's choice depends on the content (digits,
+/// names) the streak breaks at once; where it is structural (the `":"` after a key name
+/// that the plugin held back) it holds.
+pub const GUESS_MIN_STREAK: u32 = 2;
 
 /// Hit and miss counts of a tree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -160,6 +168,24 @@ impl PathTree {
         });
         self.count(found.is_some());
         found
+    }
+
+    /// Records that a sequence took `token` from `key` (the edge is known).
+    pub fn note_taken(&mut self, key: u64, token: u32) {
+        if let Some(n) = self.nodes.get_mut(&key) {
+            n.taken = match n.taken {
+                Some((t, streak)) if t == token => Some((t, streak.saturating_add(1))),
+                _ => Some((token, 1)),
+            };
+        }
+    }
+
+    /// The token taken from `key` at least [`GUESS_MIN_STREAK`] times in a row, when its
+    /// edge does not end the sequence: a likely next token.
+    pub fn guess(&self, key: u64) -> Option<u32> {
+        let n = self.nodes.get(&key)?;
+        let (token, streak) = n.taken?;
+        (streak >= GUESS_MIN_STREAK && n.edges.get(&token).is_some_and(|e| !e.stop)).then_some(token)
     }
 
     /// Records the edge of `token` from `key`.
@@ -365,7 +391,14 @@ impl TreeWalker {
 
     /// Advances over a sampled token; returns the edge taken.
     pub fn commit(&mut self, source: &mut dyn StateSource, token: u32) -> anyhow::Result<Edge> {
-        let cached = lock(&self.tree).edge(self.key, token);
+        let cached = {
+            let mut tree = lock(&self.tree);
+            let cached = tree.edge(self.key, token);
+            if cached.is_some() {
+                tree.note_taken(self.key, token);
+            }
+            cached
+        };
         self.count(cached.is_some());
         if let Some(edge) = cached {
             self.unsynced.push(token);
@@ -375,9 +408,19 @@ impl TreeWalker {
         self.sync(source)?;
         let (forced, stop) = source.commit(&[token])?;
         let edge = Edge { forced: forced.into(), stop, next: source.state_key()? };
-        lock(&self.tree).insert_edge(self.key, token, edge.clone());
+        {
+            let mut tree = lock(&self.tree);
+            tree.insert_edge(self.key, token, edge.clone());
+            tree.note_taken(self.key, token);
+        }
         self.key = edge.next;
         Ok(edge)
+    }
+
+    /// A likely next token at the current state ([`PathTree::guess`]); asks nothing of the
+    /// plugin.
+    pub fn guess(&self) -> Option<u32> {
+        lock(&self.tree).guess(self.key)
     }
 
     /// Brings the matcher to the walker's state: starts it, replays the sampled tokens (the
@@ -447,6 +490,28 @@ mod tests {
         let end = Edge { forced: Vec::new().into(), stop: false, next: walker.key() };
         seen.push((walker.mask(&mut source).unwrap(), end));
         (seen, source.calls)
+    }
+
+    #[test]
+    fn a_token_taken_twice_in_a_row_from_a_state_is_guessed_there() {
+        let tree: SharedTree = Arc::new(Mutex::new(PathTree::new(1 << 20)));
+        let guess_at_start = |tree: &SharedTree| {
+            let mut source = ABSource { state: 0, calls: 0 };
+            let mut walker = TreeWalker::new(tree.clone());
+            walker.start(&mut source).unwrap();
+            walker.guess()
+        };
+        walk(&tree, &[0]);
+        // Taken from state 0 once: too short a streak.
+        assert_eq!(guess_at_start(&tree), None);
+        walk(&tree, &[0]);
+        // 0 twice in a row.
+        assert_eq!(guess_at_start(&tree), Some(0));
+        walk(&tree, &[1]);
+        assert_eq!(guess_at_start(&tree), None, "the streak broke");
+        walk(&tree, &[1]);
+        // 1 twice in a row, but its edge ends the sequence: not worth a guess.
+        assert_eq!(guess_at_start(&tree), None);
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //! samples, checks EOS / stop tokens / stop strings / length, and commits the token to the
 //! constraint. A constraint may answer with a forced span (DSpark's fast-forward): those
 //! tokens are appended without sampling and fed to the model as one multi-token chunk in the
-//! next step. Cancellation removes a sequence and frees its blocks immediately.
+//! next step. A constraint may also guess the token after the span (DSpark's path tree
+//! remembers what was taken from the same state before): the guess rides along as one more
+//! row, and when sampling draws it, the token after it is sampled in the same step
+//! (`LlmEngine::guess`). Cancellation removes a sequence and frees its blocks immediately.
 //!
 //! The engine is synchronous and single-threaded by design (the model's kernels are
 //! parallel); the server drives it from a dedicated thread.
@@ -51,6 +54,9 @@ pub struct EngineConfig {
     /// overlap). Off, each mask is computed at sampling time, synchronously (the classic
     /// path).
     pub overlap_masks: bool,
+    /// Feed constraints' guesses of the next token ahead of sampling (see
+    /// `LlmEngine::guess`).
+    pub guesses: bool,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +71,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             kv_cache_dtype: KvDtype::F16,
             overlap_masks: true,
+            guesses: true,
         }
     }
 }
@@ -79,6 +86,12 @@ pub trait SequenceConstraint: Send {
     fn mask(&mut self) -> anyhow::Result<Option<Mask>>;
     /// Records a sampled token and returns what follows it.
     fn commit(&mut self, token: u32) -> anyhow::Result<ConstraintStep>;
+    /// A token likely to be sampled next, worth computing ahead (DSpark's path tree knows
+    /// which token sequences took from this state before). Only a hint: it is fed to the
+    /// model speculatively and kept only if sampling draws it. `None` by default.
+    fn guess(&mut self) -> Option<u32> {
+        None
+    }
 }
 
 /// What a constraint says after a token.
@@ -206,6 +219,10 @@ pub struct EngineStats {
     /// Nanoseconds sampling waited for masks: all of the mask time when masks are computed
     /// at sampling, only what outlasted the forward pass when they overlap it.
     pub mask_wait_ns: u64,
+    /// Guessed tokens fed to the model after a sequence's chunk (see `LlmEngine::guess`).
+    pub speculated_tokens: u64,
+    /// Guessed tokens that sampling then drew: each saved a step.
+    pub speculated_accepted: u64,
 }
 
 struct RequestState {
@@ -235,6 +252,7 @@ pub struct LlmEngine<B: Backend> {
     max_model_len: usize,
     block_size: usize,
     overlap_masks: bool,
+    guesses: bool,
     mask_threads: usize,
     stats: EngineStats,
 }
@@ -303,6 +321,7 @@ impl<B: Backend> LlmEngine<B> {
             max_model_len,
             block_size: config.block_size,
             overlap_masks: config.overlap_masks,
+            guesses: config.guesses,
             mask_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             stats: EngineStats::default(),
         })
@@ -399,15 +418,21 @@ impl<B: Backend> LlmEngine<B> {
             return Ok(updates);
         }
         let mut batch = ForwardBatch::default();
+        let mut guesses: HashMap<SeqId, u32> = HashMap::new();
         for s in &plan.scheduled {
+            let guess = if s.sample { self.guess(s.id) } else { None };
             let Some(seq) = self.scheduler.get(s.id) else { continue };
-            batch.push_sequence(
-                &seq.tokens[s.start..s.start + s.len],
-                s.start,
-                seq.block_table(),
-                self.block_size,
-                s.sample,
-            );
+            let tokens = &seq.tokens[s.start..s.start + s.len];
+            match guess {
+                Some(guess) => {
+                    let mut rows = tokens.to_vec();
+                    rows.push(guess);
+                    batch.push_sequence_with_logits(&rows, s.start, seq.block_table(), self.block_size, 2);
+                    guesses.insert(s.id, guess);
+                    self.stats.speculated_tokens += 1;
+                }
+                None => batch.push_sequence(tokens, s.start, seq.block_table(), self.block_size, s.sample),
+            }
             let prompt_part = seq.prompt_len.saturating_sub(s.start).min(s.len);
             self.stats.prompt_tokens_computed += prompt_part as u64;
         }
@@ -417,12 +442,78 @@ impl<B: Backend> LlmEngine<B> {
         self.stats.steps += 1;
         self.scheduler.complete(&plan);
         let vocab = self.model.config().vocab_size;
-        for (&id, row) in sampled.iter().zip(logits.chunks_exact_mut(vocab)) {
-            if let Some(update) = self.advance(id, row, masks.remove(&id)) {
-                updates.push(update);
-            }
+        let mut rows = logits.chunks_exact_mut(vocab);
+        for &id in &sampled {
+            let Some(row) = rows.next() else { break };
+            let update = match guesses.get(&id) {
+                Some(&guess) => {
+                    let Some(after_guess) = rows.next() else { break };
+                    self.advance_speculated(id, row, after_guess, masks.remove(&id), guess)
+                }
+                None => self.advance(id, row, masks.remove(&id)),
+            };
+            updates.extend(update);
         }
         Ok(updates)
+    }
+
+    /// The token to speculate after sequence `id`'s scheduled tokens, if any: its
+    /// constraint's guess (DSpark only: the token most recently and repeatedly taken from the
+    /// same constraint state, e.g. the `":"` a model writes after a key name, which the
+    /// plugin holds back because it could merge with what follows), when the sequence has
+    /// room for it and a cache slot can be had without preempting anyone.
+    ///
+    /// The guess is fed as one more row of the sequence's chunk, with the logits of both its
+    /// row and the one before. Sampling at the row before is unchanged; when it draws the
+    /// guessed token, that token's K/V and the logits after it are already computed and the
+    /// next token is sampled in the same step (a step saved); otherwise the extra row is
+    /// dropped and its cache slot is overwritten later. Outputs are the same either way: a
+    /// row's results do not depend on the other rows of its batch.
+    fn guess(&mut self, id: SeqId) -> Option<u32> {
+        if !self.guesses {
+            return None;
+        }
+        let state = self.requests.get_mut(&id)?;
+        if state.finished_early.is_some() || state.generated + 2 > state.max_tokens {
+            return None;
+        }
+        let guess = state.constraint.as_mut()?.guess()?;
+        if self.scheduler.get(id)?.tokens.len() + 1 >= self.max_model_len || !self.scheduler.reserve_next_slot(id) {
+            return None;
+        }
+        Some(guess)
+    }
+
+    /// [`Self::advance`] for a sequence fed with a guessed token (see [`Self::guess`]):
+    /// samples from `logits`; if that draws `guess`, its K/V are kept and, unless the token
+    /// ended the sequence or brought a forced span, the next token is sampled from
+    /// `after_guess` in the same step.
+    fn advance_speculated(
+        &mut self,
+        id: SeqId,
+        logits: &mut [f32],
+        after_guess: &mut [f32],
+        mask: Option<anyhow::Result<Option<Mask>>>,
+        guess: u32,
+    ) -> Option<SequenceUpdate> {
+        let mut state = self.requests.remove(&id)?;
+        let mut tokens = std::mem::take(&mut state.pending);
+        let first = tokens.len();
+        let mut finish = self.advance_state(id, &mut state, logits, mask, &mut tokens);
+        if finish.is_none() && tokens.get(first).map(|t| t.token) == Some(guess) {
+            self.stats.speculated_accepted += 1;
+            self.scheduler.mark_computed(id, 1);
+            if tokens.len() == first + 1 {
+                finish = self.advance_state(id, &mut state, after_guess, None, &mut tokens);
+            }
+        }
+        let text = state.text.delta(finish.is_some());
+        if finish.is_some() {
+            self.scheduler.finish(id);
+        } else {
+            self.requests.insert(id, state);
+        }
+        Some(SequenceUpdate { id, tokens, text, finish })
     }
 
     /// Runs the forward pass; with overlap on, the masks of the sequences about to be sampled

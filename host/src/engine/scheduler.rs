@@ -296,16 +296,42 @@ impl Scheduler {
     /// Records that a step ran: the fed tokens are computed, and newly full blocks are
     /// registered for prefix sharing.
     pub fn complete(&mut self, output: &SchedulerOutput) {
-        let block_size = self.blocks.block_size();
         for s in &output.scheduled {
             let Some(seq) = self.seqs.get_mut(&s.id) else { continue };
             seq.num_computed = (s.start + s.len).min(seq.tokens.len());
-            while (seq.hashed_blocks + 1) * block_size <= seq.num_computed {
-                let k = seq.hashed_blocks;
-                let tokens = &seq.tokens[k * block_size..(k + 1) * block_size];
-                seq.last_hash = self.blocks.register_full(seq.block_table[k], seq.last_hash, tokens);
-                seq.hashed_blocks += 1;
-            }
+            Self::register_full_blocks(&mut self.blocks, seq);
+        }
+    }
+
+    /// Makes sure the sequence has a cache slot for one token past its last (a speculated
+    /// token, see [`super::LlmEngine`]), taking a free block if it needs one; never preempts.
+    /// Returns whether the slot is there.
+    pub fn reserve_next_slot(&mut self, id: SeqId) -> bool {
+        let Some(seq) = self.seqs.get(&id) else { return false };
+        let need = self.blocks_needed(seq, seq.tokens.len() + 1);
+        if need > self.blocks.num_available() {
+            return false;
+        }
+        self.grow(id, self.seqs.get(&id).map_or(0, |s| s.tokens.len() + 1));
+        true
+    }
+
+    /// Marks the sequence's next `n` tokens computed: their K/V were written by a step that
+    /// fed them before they were appended (an accepted speculated token). Full blocks are
+    /// registered for prefix sharing only now that their tokens are known.
+    pub fn mark_computed(&mut self, id: SeqId, n: usize) {
+        let Some(seq) = self.seqs.get_mut(&id) else { return };
+        seq.num_computed = (seq.num_computed + n).min(seq.tokens.len());
+        Self::register_full_blocks(&mut self.blocks, seq);
+    }
+
+    fn register_full_blocks(blocks: &mut BlockManager, seq: &mut Sequence) {
+        let block_size = blocks.block_size();
+        while (seq.hashed_blocks + 1) * block_size <= seq.num_computed {
+            let k = seq.hashed_blocks;
+            let tokens = &seq.tokens[k * block_size..(k + 1) * block_size];
+            seq.last_hash = blocks.register_full(seq.block_table[k], seq.last_hash, tokens);
+            seq.hashed_blocks += 1;
         }
     }
 }
@@ -427,5 +453,29 @@ mod tests {
         s.finish(1);
         assert_eq!(s.cache_usage(), 0.0);
         assert!(!s.has_work());
+    }
+
+    #[test]
+    fn a_speculated_slot_is_reserved_without_preempting_and_counted_once_kept() {
+        // 3 blocks of 2 slots: sequence 1 fills two, sequence 2 the third.
+        let mut s = scheduler(3, 2, 4, 100);
+        s.add(1, vec![1, 2, 3, 4], 4);
+        s.add(2, vec![5, 6], 2);
+        let plan = s.schedule();
+        s.complete(&plan);
+        // Position 4 of sequence 1 needs a fourth block: none is free, nothing is preempted.
+        assert!(!s.reserve_next_slot(1));
+        assert_eq!(s.num_running(), 2);
+        s.finish(2);
+        assert!(s.reserve_next_slot(1));
+        assert_eq!(s.get(1).unwrap().block_table().len(), 3);
+        // The step fed the guess at position 4; sampling drew it: it is appended and already
+        // computed, so the next step starts after it.
+        s.append(1, &[9]);
+        s.mark_computed(1, 1);
+        assert_eq!(s.get(1).unwrap().num_computed, 5);
+        s.append(1, &[10]);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 1, start: 5, len: 1, sample: true }]);
     }
 }

@@ -74,6 +74,12 @@ pub struct EntryConfig {
     /// Costs prefill and large-batch speed.
     #[serde(default)]
     pub batch_invariant: bool,
+    /// With `dspark`, feed the token the path tree expects next (the one taken from the same
+    /// constraint state the last times) as one more row of a sequence's step, and keep it if
+    /// sampling draws it: a step saved when right, one row of compute lost when wrong.
+    /// Outputs are the same either way.
+    #[serde(default = "yes")]
+    pub speculate: bool,
 }
 
 fn yes() -> bool {

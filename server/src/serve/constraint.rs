@@ -498,6 +498,13 @@ impl SequenceConstraint for PluginConstraint {
             },
         }
     }
+
+    fn guess(&mut self) -> Option<u32> {
+        match &self.mode {
+            Mode::Tree(walker) => walker.guess(),
+            Mode::Classic { .. } => None,
+        }
+    }
 }
 
 impl Drop for PluginConstraint {

@@ -103,6 +103,10 @@ pub struct ModelMetrics {
     pub finished: Mutex<BTreeMap<&'static str, u64>>,
     /// Tokens appended by fast-forward without sampling.
     pub forced_tokens: Counter,
+    /// Guessed tokens fed to the model ahead of sampling (DSpark's path-tree guesses).
+    pub speculated_tokens: Counter,
+    /// Guessed tokens that sampling then drew (a step saved each).
+    pub speculated_accepted: Counter,
     /// Time per plugin mask call.
     pub mask_seconds: Mutex<Histogram>,
     /// Time per constraint compilation.
@@ -135,6 +139,8 @@ impl ModelMetrics {
             generation_tokens: Counter::default(),
             finished: Mutex::new(BTreeMap::new()),
             forced_tokens: Counter::default(),
+            speculated_tokens: Counter::default(),
+            speculated_accepted: Counter::default(),
             mask_seconds: Mutex::new(Histogram::new(CALL_BUCKETS)),
             compile_seconds: Mutex::new(Histogram::new(CALL_BUCKETS)),
             validation_failures: Counter::default(),
@@ -195,6 +201,12 @@ impl Metrics {
         counter(&mut out, "vllm:num_preemptions_total", "Preempted sequences.", &|m| m.preemptions.get());
         counter(&mut out, "dspark_fast_forward_tokens_total", "Tokens appended without sampling.", &|m| {
             m.forced_tokens.get()
+        });
+        counter(&mut out, "dspark_speculated_tokens_total", "Guessed tokens fed ahead of sampling.", &|m| {
+            m.speculated_tokens.get()
+        });
+        counter(&mut out, "dspark_speculated_accepted_total", "Guessed tokens that sampling drew.", &|m| {
+            m.speculated_accepted.get()
         });
         counter(&mut out, "dspark_path_tree_hits_total", "Constraint answers served by the path tree.", &|m| {
             m.path_tree_hits.get()

@@ -86,6 +86,7 @@ impl Worker {
             prefix_caching: config.prefix_caching,
             // DSpark's overlap; `dspark: false` computes each mask at sampling.
             overlap_masks: config.dspark,
+            guesses: config.dspark && config.speculate,
             ..EngineConfig::default()
         };
         let vocab_size = model.config().vocab_size;
@@ -186,6 +187,8 @@ fn run(mut engine: LlmEngine<CpuBackend>, rx: std::sync::mpsc::Receiver<Submissi
 fn report(engine: &LlmEngine<CpuBackend>, metrics: &ModelMetrics, seen: &mut EngineStats) {
     let stats = engine.stats();
     metrics.forced_tokens.add(stats.forced_tokens - seen.forced_tokens);
+    metrics.speculated_tokens.add(stats.speculated_tokens - seen.speculated_tokens);
+    metrics.speculated_accepted.add(stats.speculated_accepted - seen.speculated_accepted);
     metrics.preemptions.add(stats.preemptions - seen.preemptions);
     metrics.masks.add(stats.masks - seen.masks);
     metrics.mask_wait_us.add((stats.mask_wait_ns / 1000).saturating_sub(seen.mask_wait_ns / 1000));
