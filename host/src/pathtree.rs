@@ -181,11 +181,12 @@ impl PathTree {
     }
 
     /// The token taken from `key` at least [`GUESS_MIN_STREAK`] times in a row, when its
-    /// edge does not end the sequence: a likely next token.
-    pub fn guess(&self, key: u64) -> Option<u32> {
+    /// edge does not end the sequence: a likely next token, with the forced span it brings.
+    pub fn guess(&self, key: u64) -> Option<(u32, Arc<[u32]>)> {
         let n = self.nodes.get(&key)?;
         let (token, streak) = n.taken?;
-        (streak >= GUESS_MIN_STREAK && n.edges.get(&token).is_some_and(|e| !e.stop)).then_some(token)
+        let edge = n.edges.get(&token).filter(|e| !e.stop)?;
+        (streak >= GUESS_MIN_STREAK).then(|| (token, edge.forced.clone()))
     }
 
     /// Records the edge of `token` from `key`.
@@ -417,9 +418,9 @@ impl TreeWalker {
         Ok(edge)
     }
 
-    /// A likely next token at the current state ([`PathTree::guess`]); asks nothing of the
-    /// plugin.
-    pub fn guess(&self) -> Option<u32> {
+    /// A likely next token at the current state and the span it brings ([`PathTree::guess`]);
+    /// asks nothing of the plugin.
+    pub fn guess(&self) -> Option<(u32, Arc<[u32]>)> {
         lock(&self.tree).guess(self.key)
     }
 
@@ -506,7 +507,7 @@ mod tests {
         assert_eq!(guess_at_start(&tree), None);
         walk(&tree, &[0]);
         // 0 twice in a row.
-        assert_eq!(guess_at_start(&tree), Some(0));
+        assert_eq!(guess_at_start(&tree).map(|(t, span)| (t, span.len())), Some((0, 0)));
         walk(&tree, &[1]);
         assert_eq!(guess_at_start(&tree), None, "the streak broke");
         walk(&tree, &[1]);

@@ -57,6 +57,11 @@ pub struct EngineConfig {
     /// Feed constraints' guesses of the next token ahead of sampling (see
     /// `LlmEngine::guess`).
     pub guesses: bool,
+    /// Guess only in steps that sample at most this many sequences. A guessed row pays off
+    /// while a step's cost is reading the weights; once the rows' compute dominates (on two
+    /// CPU cores from about 8 rows: `dspark engine-bench`), a wrong guess costs what a right
+    /// one saves (measured with `dspark bench` at concurrency 8: 0.98x-1.01x).
+    pub guess_max_seqs: usize,
 }
 
 impl Default for EngineConfig {
@@ -72,6 +77,7 @@ impl Default for EngineConfig {
             kv_cache_dtype: KvDtype::F16,
             overlap_masks: true,
             guesses: true,
+            guess_max_seqs: 4,
         }
     }
 }
@@ -89,9 +95,18 @@ pub trait SequenceConstraint: Send {
     /// A token likely to be sampled next, worth computing ahead (DSpark's path tree knows
     /// which token sequences took from this state before). Only a hint: it is fed to the
     /// model speculatively and kept only if sampling draws it. `None` by default.
-    fn guess(&mut self) -> Option<u32> {
+    fn guess(&mut self) -> Option<Guess> {
         None
     }
+}
+
+/// A constraint's guess of the next token ([`SequenceConstraint::guess`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Guess {
+    /// The token.
+    pub token: u32,
+    /// The forced span the constraint answered after it the last time: fed along with it.
+    pub forced: Vec<u32>,
 }
 
 /// What a constraint says after a token.
@@ -253,6 +268,7 @@ pub struct LlmEngine<B: Backend> {
     block_size: usize,
     overlap_masks: bool,
     guesses: bool,
+    guess_max_seqs: usize,
     mask_threads: usize,
     stats: EngineStats,
 }
@@ -322,6 +338,7 @@ impl<B: Backend> LlmEngine<B> {
             block_size: config.block_size,
             overlap_masks: config.overlap_masks,
             guesses: config.guesses,
+            guess_max_seqs: config.guess_max_seqs,
             mask_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             stats: EngineStats::default(),
         })
@@ -418,18 +435,24 @@ impl<B: Backend> LlmEngine<B> {
             return Ok(updates);
         }
         let mut batch = ForwardBatch::default();
-        let mut guesses: HashMap<SeqId, u32> = HashMap::new();
+        let mut guesses: HashMap<SeqId, Guess> = HashMap::new();
+        let guessing = plan.scheduled.iter().filter(|s| s.sample).count() <= self.guess_max_seqs;
         for s in &plan.scheduled {
-            let guess = if s.sample { self.guess(s.id) } else { None };
+            let guess = if s.sample && guessing { self.guess(s.id) } else { None };
             let Some(seq) = self.scheduler.get(s.id) else { continue };
             let tokens = &seq.tokens[s.start..s.start + s.len];
             match guess {
                 Some(guess) => {
+                    // Logits of the last scheduled row (to sample) and of the last guessed row
+                    // (the token after the guess and its span).
                     let mut rows = tokens.to_vec();
-                    rows.push(guess);
-                    batch.push_sequence_with_logits(&rows, s.start, seq.block_table(), self.block_size, 2);
-                    guesses.insert(s.id, guess);
+                    rows.push(guess.token);
+                    rows.extend(&guess.forced);
+                    let end = batch.len() + rows.len();
+                    batch.push_sequence(&rows, s.start, seq.block_table(), self.block_size, false);
+                    batch.logits_rows.extend([end - 2 - guess.forced.len(), end - 1]);
                     self.stats.speculated_tokens += 1;
+                    guesses.insert(s.id, guess);
                 }
                 None => batch.push_sequence(tokens, s.start, seq.block_table(), self.block_size, s.sample),
             }
@@ -445,8 +468,8 @@ impl<B: Backend> LlmEngine<B> {
         let mut rows = logits.chunks_exact_mut(vocab);
         for &id in &sampled {
             let Some(row) = rows.next() else { break };
-            let update = match guesses.get(&id) {
-                Some(&guess) => {
+            let update = match guesses.remove(&id) {
+                Some(guess) => {
                     let Some(after_guess) = rows.next() else { break };
                     self.advance_speculated(id, row, after_guess, masks.remove(&id), guess)
                 }
@@ -469,42 +492,48 @@ impl<B: Backend> LlmEngine<B> {
     /// next token is sampled in the same step (a step saved); otherwise the extra row is
     /// dropped and its cache slot is overwritten later. Outputs are the same either way: a
     /// row's results do not depend on the other rows of its batch.
-    fn guess(&mut self, id: SeqId) -> Option<u32> {
+    fn guess(&mut self, id: SeqId) -> Option<Guess> {
         if !self.guesses {
             return None;
         }
         let state = self.requests.get_mut(&id)?;
-        if state.finished_early.is_some() || state.generated + 2 > state.max_tokens {
+        let guess = state.constraint.as_mut()?.guess()?;
+        let rows = 1 + guess.forced.len();
+        if state.finished_early.is_some() || state.generated + rows + 1 > state.max_tokens {
             return None;
         }
-        let guess = state.constraint.as_mut()?.guess()?;
-        if self.scheduler.get(id)?.tokens.len() + 1 >= self.max_model_len || !self.scheduler.reserve_next_slot(id) {
+        if self.scheduler.get(id)?.tokens.len() + rows >= self.max_model_len || !self.scheduler.reserve_slots(id, rows)
+        {
             return None;
         }
         Some(guess)
     }
 
-    /// [`Self::advance`] for a sequence fed with a guessed token (see [`Self::guess`]):
-    /// samples from `logits`; if that draws `guess`, its K/V are kept and, unless the token
-    /// ended the sequence or brought a forced span, the next token is sampled from
-    /// `after_guess` in the same step.
+    /// [`Self::advance`] for a sequence fed with a guess (see [`Self::guess`]): samples from
+    /// `logits`; if that draws the guessed token and the constraint answers with the same
+    /// forced span as before, the K/V of both are kept and the next token is sampled from
+    /// `after_guess` in the same step. If only the token matches, its K/V are kept and the
+    /// span is fed in the next step as usual.
     fn advance_speculated(
         &mut self,
         id: SeqId,
         logits: &mut [f32],
         after_guess: &mut [f32],
         mask: Option<anyhow::Result<Option<Mask>>>,
-        guess: u32,
+        guess: Guess,
     ) -> Option<SequenceUpdate> {
         let mut state = self.requests.remove(&id)?;
         let mut tokens = std::mem::take(&mut state.pending);
         let first = tokens.len();
         let mut finish = self.advance_state(id, &mut state, logits, mask, &mut tokens);
-        if finish.is_none() && tokens.get(first).map(|t| t.token) == Some(guess) {
+        if finish.is_none() && tokens.get(first).map(|t| t.token) == Some(guess.token) {
             self.stats.speculated_accepted += 1;
-            self.scheduler.mark_computed(id, 1);
-            if tokens.len() == first + 1 {
+            let span: Vec<u32> = tokens[first + 1..].iter().map(|t| t.token).collect();
+            if span == guess.forced {
+                self.scheduler.mark_computed(id, 1 + span.len());
                 finish = self.advance_state(id, &mut state, after_guess, None, &mut tokens);
+            } else {
+                self.scheduler.mark_computed(id, 1);
             }
         }
         let text = state.text.delta(finish.is_some());

@@ -27,7 +27,7 @@ use anyhow::Context;
 pub use backend::{Backend, CpuBackend};
 pub use gguf_tokenizer::ModelTokenizer;
 pub use llm::{
-    ConstraintStep, EngineConfig, EngineStats, FinishReason, GenerationRequest, LlmEngine, RequestError,
+    ConstraintStep, EngineConfig, EngineStats, FinishReason, GenerationRequest, Guess, LlmEngine, RequestError,
     SequenceConstraint, SequenceUpdate, TokenOutput,
 };
 pub use model::Model;

@@ -303,16 +303,16 @@ impl Scheduler {
         }
     }
 
-    /// Makes sure the sequence has a cache slot for one token past its last (a speculated
-    /// token, see [`super::LlmEngine`]), taking a free block if it needs one; never preempts.
-    /// Returns whether the slot is there.
-    pub fn reserve_next_slot(&mut self, id: SeqId) -> bool {
+    /// Makes sure the sequence has cache slots for `n` tokens past its last (speculated
+    /// tokens, see [`super::LlmEngine`]), taking free blocks if it needs them; never
+    /// preempts. Returns whether the slots are there.
+    pub fn reserve_slots(&mut self, id: SeqId, n: usize) -> bool {
         let Some(seq) = self.seqs.get(&id) else { return false };
-        let need = self.blocks_needed(seq, seq.tokens.len() + 1);
-        if need > self.blocks.num_available() {
+        let total = seq.tokens.len() + n;
+        if self.blocks_needed(seq, total) > self.blocks.num_available() {
             return false;
         }
-        self.grow(id, self.seqs.get(&id).map_or(0, |s| s.tokens.len() + 1));
+        self.grow(id, total);
         true
     }
 
@@ -464,10 +464,11 @@ mod tests {
         let plan = s.schedule();
         s.complete(&plan);
         // Position 4 of sequence 1 needs a fourth block: none is free, nothing is preempted.
-        assert!(!s.reserve_next_slot(1));
+        assert!(!s.reserve_slots(1, 1));
         assert_eq!(s.num_running(), 2);
         s.finish(2);
-        assert!(s.reserve_next_slot(1));
+        assert!(!s.reserve_slots(1, 3), "two more blocks are not there");
+        assert!(s.reserve_slots(1, 1));
         assert_eq!(s.get(1).unwrap().block_table().len(), 3);
         // The step fed the guess at position 4; sampling drew it: it is appended and already
         // computed, so the next step starts after it.

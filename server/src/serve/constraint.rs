@@ -29,7 +29,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use dspark_host::engine::{ConstraintStep, ModelTokenizer, SequenceConstraint};
+use dspark_host::engine::{ConstraintStep, Guess, ModelTokenizer, SequenceConstraint};
 use dspark_host::pathtree::{Mask, StateSource, TreeCache, TreeWalker};
 use dspark_host::plugin::{CompiledHandle, LoadedPlugin, MatcherHandle, PluginError, PluginInstance, TokenMask};
 use dspark_host::registry::Registry;
@@ -499,9 +499,9 @@ impl SequenceConstraint for PluginConstraint {
         }
     }
 
-    fn guess(&mut self) -> Option<u32> {
+    fn guess(&mut self) -> Option<Guess> {
         match &self.mode {
-            Mode::Tree(walker) => walker.guess(),
+            Mode::Tree(walker) => walker.guess().map(|(token, forced)| Guess { token, forced: forced.to_vec() }),
             Mode::Classic { .. } => None,
         }
     }
