@@ -536,13 +536,7 @@ impl<B: Backend> LlmEngine<B> {
                 self.scheduler.mark_computed(id, 1);
             }
         }
-        let text = state.text.delta(finish.is_some());
-        if finish.is_some() {
-            self.scheduler.finish(id);
-        } else {
-            self.requests.insert(id, state);
-        }
-        Some(SequenceUpdate { id, tokens, text, finish })
+        Some(self.conclude(id, state, tokens, finish))
     }
 
     /// Runs the forward pass; with overlap on, the masks of the sequences about to be sampled
@@ -627,13 +621,25 @@ impl<B: Backend> LlmEngine<B> {
         let mut state = self.requests.remove(&id)?;
         let mut tokens = std::mem::take(&mut state.pending);
         let finish = self.advance_state(id, &mut state, logits, mask, &mut tokens);
+        Some(self.conclude(id, state, tokens, finish))
+    }
+
+    /// The update of a sequence after its step: the new text; the sequence ends (its blocks
+    /// freed) or goes back to the running requests.
+    fn conclude(
+        &mut self,
+        id: SeqId,
+        mut state: RequestState,
+        tokens: Vec<TokenOutput>,
+        finish: Option<FinishReason>,
+    ) -> SequenceUpdate {
         let text = state.text.delta(finish.is_some());
         if finish.is_some() {
             self.scheduler.finish(id);
         } else {
             self.requests.insert(id, state);
         }
-        Some(SequenceUpdate { id, tokens, text, finish })
+        SequenceUpdate { id, tokens, text, finish }
     }
 
     fn advance_state(
