@@ -558,3 +558,37 @@ fn path_tree_guesses_save_steps_without_changing_answers() {
     let kept = metric(server.addr, &format!("dspark_speculated_accepted_total{{model_name=\"{MODEL}\"}}"));
     assert!(kept > 0.0 && kept <= fed, "guesses fed {fed}, kept {kept}");
 }
+
+#[test]
+fn seeded_sampling_draws_the_same_with_and_without_guesses() {
+    // A guess only computes ahead: the sampler draws the same numbers in the same order, from
+    // the same logits, whether the token after a guess is sampled in the guess's step or the
+    // next one. Two entries over one model, guesses on and off, the same seeded requests.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("models.yaml");
+    let entry = |name: &str, speculate: bool| {
+        format!(
+            "apiVersion: gpustack.gg/v1alpha1\nkind: Model\nmetadata:\n  name: {name}\nspec:\n  source: file:{}\n  engine: dspark\n  config:\n    dspark: true\n    speculate: {speculate}\n    batch_invariant: true\n",
+            smollm2().display()
+        )
+    };
+    std::fs::write(&config, format!("{}---\n{}", entry("guess", true), entry("plain", false))).unwrap();
+    let server = Server::start(Path::new(env!("CARGO_BIN_EXE_dspark")), &["--config", config.to_str().unwrap()]);
+    let record = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}, "country": {"type": "string", "maxLength": 16}}, "required": ["city", "country"], "additionalProperties": false});
+    let schema = json!({"type": "object", "properties": {"places": {"type": "array", "items": record, "minItems": 4, "maxItems": 4}}, "required": ["places"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "places", "schema": schema}});
+    for seed in [1, 2, 3, 4] {
+        let ask = |model: &str| {
+            let body = json!({"model": model, "messages": [{"role": "user", "content": "List four cities and their countries as JSON."}], "temperature": 0.8, "seed": seed, "max_tokens": 200, "response_format": format});
+            post_json(server.addr, "/v1/chat/completions", &body).json()
+        };
+        let (with, without) = (ask("guess"), ask("plain"));
+        assert_eq!(content(&with), content(&without), "seed {seed}: {with} vs {without}");
+        if with["choices"][0]["finish_reason"] == "stop" {
+            assert!(jsonschema::is_valid(&schema, &serde_json::from_str(content(&with)).unwrap()), "{with}");
+        }
+    }
+    let kept = metric(server.addr, "dspark_speculated_accepted_total{model_name=\"guess\"}");
+    assert!(kept > 0.0, "no guess was drawn");
+    assert_eq!(metric(server.addr, "dspark_speculated_tokens_total{model_name=\"plain\"}"), 0.0);
+}
