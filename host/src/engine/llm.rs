@@ -497,9 +497,12 @@ impl<B: Backend> LlmEngine<B> {
             return None;
         }
         let state = self.requests.get_mut(&id)?;
+        if state.finished_early.is_some() {
+            return None;
+        }
         let guess = state.constraint.as_mut()?.guess()?;
         let rows = 1 + guess.forced.len();
-        if state.finished_early.is_some() || state.generated + rows + 1 > state.max_tokens {
+        if state.generated + rows + 1 > state.max_tokens {
             return None;
         }
         if self.scheduler.get(id)?.tokens.len() + rows >= self.max_model_len || !self.scheduler.reserve_slots(id, rows)

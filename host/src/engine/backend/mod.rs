@@ -163,21 +163,6 @@ impl ForwardBatch {
         }
     }
 
-    /// [`Self::push_sequence`] asking for the logits of the last `logits` rows (at most all
-    /// of them), in row order.
-    pub fn push_sequence_with_logits(
-        &mut self,
-        tokens: &[u32],
-        first_position: usize,
-        block_table: &[u32],
-        block_size: usize,
-        logits: usize,
-    ) {
-        let end = self.tokens.len() + tokens.len();
-        self.push_sequence(tokens, first_position, block_table, block_size, false);
-        self.logits_rows.extend(end - logits.min(tokens.len())..end);
-    }
-
     /// Number of rows.
     pub fn len(&self) -> usize {
         self.tokens.len()
