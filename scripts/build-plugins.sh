@@ -9,6 +9,13 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 
+# rust-toolchain.toml names the wasm32-wasip2 target, but rustup adds a toolchain file's targets
+# only when it installs the toolchain: where 1.95.0 was already installed without it, add it.
+if command -v rustup >/dev/null && [ ! -d "$(rustc --print sysroot)/lib/rustlib/wasm32-wasip2" ]; then
+  echo "build-plugins: adding the wasm32-wasip2 target to $(rustc --version)" >&2
+  rustup target add wasm32-wasip2 >&2
+fi
+
 builtin=(regex:constraints/regex choice:constraints/choice json-schema:constraints/json-schema tool-call:constraints/tool-call grammar:constraints/grammar)
 testonly=(testkit:tests/plugins/testkit)
 examples=(iso-duration:examples/iso-duration)

@@ -30,7 +30,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::vnni::{self, Packed};
+use super::packed::{self, Packed};
 use super::{AttentionHeads, Backend, ForwardBatch, KvDtype, KvShape, RopeLayout, RopeTable};
 
 /// Row-major f32 activations.
@@ -183,7 +183,7 @@ impl Backend for CpuBackend {
             bail!("a weight matrix must have two dimensions, got {:?}", weight.shape());
         }
         let packed = match weight.dtype() {
-            GgmlDType::Q4_1 | GgmlDType::Q8_0 | GgmlDType::Q5_0 if vnni::supported() => {
+            GgmlDType::Q4_1 | GgmlDType::Q8_0 | GgmlDType::Q5_0 if packed::supported() => {
                 let (n, k) = weight.shape().dims2().map_err(candle)?;
                 Packed::new(weight.dtype(), &weight.data().map_err(candle)?, n, k)
             }

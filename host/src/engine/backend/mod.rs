@@ -11,7 +11,7 @@
 
 pub mod cpu;
 pub mod cuda;
-pub mod vnni;
+pub mod packed;
 
 use candle_core::quantized::QTensor;
 

@@ -1,5 +1,5 @@
-//! Matrix products for CPUs with AVX-512 VNNI that give exactly candle's results, for the
-//! formats of the two test models: Q4_1 (SmolLM2's layers), Q8_0 (SmolLM2's embedding, tied
+//! Matrix products for x86 CPUs that give exactly candle's results, for the formats of the two
+//! test models: Q4_1 (SmolLM2's layers), Q8_0 (SmolLM2's embedding, tied
 //! to the output projection; Qwen2.5's output and value projections) and Q5_0 (most of
 //! Qwen2.5's layers).
 //!
@@ -9,6 +9,14 @@
 //! advances 16 dot products by 4 products each) and, for a chunk of rows, unpack each weight
 //! block once and multiply it with every row of the tile. That is what makes a fast-forward
 //! chunk or a batch cost much less than its rows one by one.
+//!
+//! Two instruction sets run the same packed layout ([`Isa`]): AVX-512 VNNI, a 64-byte line per
+//! vector and `vpdpbusd`; and AVX2 (every x86-64-v3 CPU, the build's baseline), each line as two
+//! 32-byte halves of 8 columns, with `vpmaddubsw` (byte pairs to 16 bits) and `vpmaddwd` (to 32
+//! bits) in place of `vpdpbusd`. Without either, candle's own kernels run. On AVX2 the 16-bit
+//! sums stay below 2^15: a Q4_1 block adds at most 8 x 2 x 15 x 128 = 30,720, Q5_0 adds 4 pairs
+//! of at most 2 x 31 x 128 before widening, and Q8_0 takes the signs off the weights onto the
+//! activations first (`|w| <= 128`, `|y| <= 127`), as candle's AVX2 loop does.
 //!
 //! Both reproduce candle bit for bit, so the engine's reference tests hold whichever kernel
 //! runs. Integer dot products are exact in any order; the float steps are the same IEEE
@@ -42,6 +50,49 @@ const ROW_TILE: usize = 4;
 /// the unpacked weights, and each unpacked block serves twice as many rows as with 4.
 const ROW_TILE_Q4: usize = 8;
 const ROW_TILE_Q8: usize = 2;
+/// Rows per AVX2 tile (16 vector registers: 4 rows of float and integer accumulators).
+const ROW_TILE_AVX2: usize = 4;
+
+/// The instruction set a packed kernel runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 F/BW with VNNI: 16 columns per vector, `vpdpbusd`.
+    Avx512Vnni,
+    /// AVX2 with FMA and F16C: 8 columns per vector, `vpmaddubsw` and `vpmaddwd`.
+    Avx2,
+}
+
+impl Isa {
+    /// Whether this CPU has the instructions.
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match self {
+                Self::Avx512Vnni => has!("avx512f") && has!("avx512bw") && has!("avx512vnni"),
+                Self::Avx2 => has!("avx2") && has!("fma") && has!("f16c"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// The kernels' instruction set on this CPU: the widest available, or a narrower one named
+    /// by `DSPARK_CPU_KERNELS` (`avx2` or `none`, to compare them on one machine; read once).
+    pub fn detect() -> Option<Self> {
+        static CHOSEN: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let best = [Self::Avx512Vnni, Self::Avx2].into_iter().find(|i| i.available());
+            match std::env::var("DSPARK_CPU_KERNELS").as_deref() {
+                Ok("none") => None,
+                Ok("avx2") if Self::Avx2.available() => Some(Self::Avx2),
+                _ => best,
+            }
+        })
+    }
+}
 
 /// A matrix repacked for one of the kernels.
 pub enum Packed {
@@ -77,10 +128,15 @@ impl Packed {
 
     /// `x` (`rows x k`) times the matrix transposed; `None` without the CPU support.
     pub fn matmul(&self, x: &[f32], rows: usize) -> Option<Vec<f32>> {
+        self.matmul_with(Isa::detect()?, x, rows)
+    }
+
+    /// [`Packed::matmul`] with the kernels of `isa`; `None` where this CPU lacks it.
+    pub fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize) -> Option<Vec<f32>> {
         match self {
-            Self::Q4_1(p) => p.matmul(x, rows),
-            Self::Q8_0(p) => p.matmul(x, rows),
-            Self::Q5_0(p) => p.matmul(x, rows),
+            Self::Q4_1(p) => p.matmul_with(isa, x, rows),
+            Self::Q8_0(p) => p.matmul_with(isa, x, rows),
+            Self::Q5_0(p) => p.matmul_with(isa, x, rows),
         }
     }
 }
@@ -91,6 +147,11 @@ impl Packed {
     /// threads. `None` unless every matrix is Q4_1 with `x`'s inner dimension (or the CPU
     /// lacks the instructions).
     pub fn matmul_many(mats: &[&Packed], x: &[f32], rows: usize) -> Option<Vec<Vec<f32>>> {
+        Self::matmul_many_with(Isa::detect()?, mats, x, rows)
+    }
+
+    /// [`Packed::matmul_many`] with the kernels of `isa`.
+    pub fn matmul_many_with(isa: Isa, mats: &[&Packed], x: &[f32], rows: usize) -> Option<Vec<Vec<f32>>> {
         let q4: Vec<&PackedQ4_1> = mats
             .iter()
             .map(|m| match m {
@@ -99,10 +160,10 @@ impl Packed {
             })
             .collect::<Option<_>>()?;
         let k = q4.first()?.k;
-        if !supported() || q4.iter().any(|p| p.k != k) || x.len() != rows * k {
+        if !isa.available() || q4.iter().any(|p| p.k != k) || x.len() != rows * k {
             return None;
         }
-        let y = Q8_1Rows::quantize(x, rows, k);
+        let y = Q8_1Rows::quantize(isa, x, rows, k);
         // Every element is written by exactly one tile before the lengths are set, so the
         // outputs need no zeroing (it cost about 4% of a batch-16 step).
         let mut outs: Vec<Vec<f32>> = q4.iter().map(|p| Vec::with_capacity(rows * p.n)).collect();
@@ -115,11 +176,11 @@ impl Packed {
         }
         let addrs: Vec<usize> = outs.iter_mut().map(|o| o.as_mut_ptr() as usize).collect();
         let work = rows * k * q4.iter().map(|p| p.n).sum::<usize>();
-        for_each_tile(rows, groups, ROW_TILE_Q4, work, |r0, r1, g| {
+        for_each_tile(rows, groups, PackedQ4_1::row_tile(isa), work, |r0, r1, g| {
             let i = first.partition_point(|&f| f <= g) - 1;
-            // SAFETY: `supported()` was checked; each (row, group) output block of matrix `i`
-            // is written by exactly one call, and the outputs outlive them all.
-            unsafe { q4[i].tile(&y, r0, r1, g - first[i], addrs[i] as *mut f32) }
+            // SAFETY: `isa` is available; each (row, group) output block of matrix `i` is
+            // written by exactly one call, and the outputs outlive them all.
+            unsafe { q4[i].tile(isa, &y, r0, r1, g - first[i], addrs[i] as *mut f32) }
         });
         for (out, p) in outs.iter_mut().zip(&q4) {
             // SAFETY: the tiles wrote all `rows * n` values of every output (above).
@@ -192,18 +253,9 @@ struct Q8_1Rows {
     s: Vec<f32>,
 }
 
-/// Whether this CPU runs the kernel.
+/// Whether this CPU runs the kernels (with one [`Isa`] or the other).
 pub fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Isa::detect().is_some()
 }
 
 impl PackedQ4_1 {
@@ -241,29 +293,62 @@ impl PackedQ4_1 {
         self.lines.len() * 64
     }
 
-    /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`. `None` when the CPU
-    /// lacks the instructions (see [`supported`]).
-    pub fn matmul(&self, x: &[f32], rows: usize) -> Option<Vec<f32>> {
-        if !supported() || x.len() != rows * self.k {
+    /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`, with the kernel of
+    /// `isa`. `None` when the CPU lacks the instructions.
+    pub fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize) -> Option<Vec<f32>> {
+        if !isa.available() || x.len() != rows * self.k {
             return None;
         }
-        let y = Q8_1Rows::quantize(x, rows, self.k);
+        let y = Q8_1Rows::quantize(isa, x, rows, self.k);
         let mut out: Vec<f32> = Vec::with_capacity(rows * self.n);
         let out_addr = out.as_mut_ptr() as usize;
-        for_each_tile(rows, self.n / LANES, ROW_TILE_Q4, rows * self.n * self.k, |r0, r1, g| {
-            // SAFETY: `supported()` was checked; each (row, group) output block is written by
-            // exactly one call, and `out` outlives them all.
-            unsafe { self.tile(&y, r0, r1, g, out_addr as *mut f32) }
+        for_each_tile(rows, self.n / LANES, Self::row_tile(isa), rows * self.n * self.k, |r0, r1, g| {
+            // SAFETY: `isa` is available; each (row, group) output block is written by exactly
+            // one call, and `out` outlives them all.
+            unsafe { self.tile(isa, &y, r0, r1, g, out_addr as *mut f32) }
         });
         // SAFETY: the tiles cover every (row, group) block: all `rows * n` values are written.
         unsafe { out.set_len(rows * self.n) };
         Some(out)
     }
 
-    /// Outputs of group `g` for rows `r0..r1` (at most [`ROW_TILE_Q4`]).
+    /// Rows per call of [`Self::tile`]. The AVX2 kernel takes all the rows at once and tiles
+    /// them itself, so one group's weights (a few KB) stay in L1 for every row tile.
+    fn row_tile(isa: Isa) -> usize {
+        match isa {
+            Isa::Avx512Vnni => ROW_TILE_Q4,
+            Isa::Avx2 => usize::MAX,
+        }
+    }
+
+    /// Outputs of group `g` for rows `r0..r1` (at most [`Self::row_tile`]).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn tile(&self, isa: Isa, y: &Q8_1Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            match isa {
+                Isa::Avx512Vnni => self.tile_avx512(y, r0, r1, g, out),
+                Isa::Avx2 => {
+                    let mut r = r0;
+                    while r < r1 {
+                        let t = (r1 - r).min(ROW_TILE_AVX2);
+                        match t {
+                            1 => self.tile_rows_avx2::<1>(y, r, g, out),
+                            2 => self.tile_rows_avx2::<2>(y, r, g, out),
+                            3 => self.tile_rows_avx2::<3>(y, r, g, out),
+                            _ => self.tile_rows_avx2::<4>(y, r, g, out),
+                        }
+                        r += t;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 kernel for rows `r0..r1` (at most [`ROW_TILE_Q4`]) of group `g`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn tile(&self, y: &Q8_1Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
+    unsafe fn tile_avx512(&self, y: &Q8_1Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
         // A fixed row count keeps every accumulator in a register.
         // SAFETY: the caller's promise, passed on.
         unsafe {
@@ -327,9 +412,59 @@ impl PackedQ4_1 {
         }
     }
 
+    /// The AVX2 kernel for `R` rows from `r0` of group `g`: the same sums as
+    /// [`Self::tile_rows`], each 64-byte line taken as two halves of 8 columns.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn tile_rows_avx2<const R: usize>(&self, y: &Q8_1Rows, r0: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        debug_assert!(R <= ROW_TILE_AVX2 && (r0 + R) * y.blocks * 8 <= y.words.len() && y.blocks == self.blocks);
+        let nibble = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        // SAFETY (every access below): as in `tile_rows`; a half line is 32-byte aligned and
+        // its 8 scales 16-byte aligned.
+        unsafe {
+            let group = self.lines.as_ptr().add(g * self.blocks * Q4_1_LINES).cast::<u8>();
+            let words = y.words.as_ptr().add(r0 * y.blocks * 8);
+            let (yd, ys) = (y.d.as_ptr().add(r0 * y.blocks), y.s.as_ptr().add(r0 * y.blocks));
+            for half in 0..2 {
+                let mut acc = [_mm256_setzero_ps(); R];
+                for b in 0..self.blocks {
+                    let block = group.add(b * Q4_1_LINES * 64);
+                    // Byte-pair sums in 16 bits: at most 30,720 over the block (module docs).
+                    let mut sums = [_mm256_setzero_si256(); R];
+                    for j in 0..4 {
+                        let w = _mm256_load_si256(block.add(j * 64 + half * 32).cast());
+                        let lo = _mm256_and_si256(w, nibble);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibble);
+                        for (t, sum) in sums.iter_mut().enumerate() {
+                            let row = words.add((t * y.blocks + b) * 8);
+                            let a = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(*row.add(j)));
+                            let c = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(*row.add(4 + j)));
+                            *sum = _mm256_add_epi16(*sum, _mm256_add_epi16(a, c));
+                        }
+                    }
+                    let dx = _mm256_cvtph_ps(_mm_load_si128(block.add(4 * 64 + half * 16).cast()));
+                    let mx = _mm256_cvtph_ps(_mm_load_si128(block.add(4 * 64 + 32 + half * 16).cast()));
+                    for (t, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
+                        let at = t * y.blocks + b;
+                        let sum = _mm256_madd_epi16(sum, ones);
+                        let p = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx), _mm256_set1_ps(*yd.add(at)));
+                        let q = _mm256_mul_ps(mx, _mm256_set1_ps(*ys.add(at)));
+                        *a = _mm256_add_ps(*a, _mm256_add_ps(p, q));
+                    }
+                }
+                for (t, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(out.add((r0 + t) * self.n + g * LANES + half * 8), *a);
+                }
+            }
+        }
+    }
+
     #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn tile(&self, _: &Q8_1Rows, _: usize, _: usize, _: usize, _: *mut f32) {
-        unreachable!("matmul checks supported() first")
+    unsafe fn tile(&self, _: Isa, _: &Q8_1Rows, _: usize, _: usize, _: usize, _: *mut f32) {
+        unreachable!("matmul checks the instruction set first")
     }
 }
 
@@ -386,12 +521,13 @@ impl ByteColumns {
     /// Quantises `x` to Q8_0 and runs `tile` over every (row tile, column group).
     fn matmul(
         &self,
+        isa: Isa,
         x: &[f32],
         rows: usize,
         row_tile: usize,
         tile: impl Fn(&Q8_0Rows, usize, usize, usize, *mut f32) + Sync,
     ) -> Option<Vec<f32>> {
-        if !supported() || x.len() != rows * self.k {
+        if !isa.available() || x.len() != rows * self.k {
             return None;
         }
         let y = Q8_0Rows::quantize(x, rows, self.k);
@@ -420,6 +556,33 @@ impl ByteColumns {
         use std::arch::x86_64::*;
         // SAFETY: 16 scales per (group, block); f16 to f32 is exact.
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr().add(gb * LANES).cast())) }
+    }
+
+    /// Half `half` (columns `8 half..8 half + 8`) of the vector `l` of (group, block) `gb`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn half_vector(&self, gb: usize, l: usize, half: usize) -> std::arch::x86_64::__m256i {
+        use std::arch::x86_64::*;
+        // SAFETY: 8 aligned lines per (group, block); the caller keeps l < 8, half < 2.
+        unsafe { _mm256_load_si256(self.qs.as_ptr().add(gb * 8 + l).cast::<u8>().add(half * 32).cast()) }
+    }
+
+    /// The 8 scales of half `half` of (group, block) `gb`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn half_scales(&self, gb: usize, half: usize) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: 16 scales per (group, block); f16 to f32 is exact.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.d.as_ptr().add(gb * LANES + half * 8).cast())) }
+    }
+
+    /// Rows per call of a tile function: the AVX2 kernels take all the rows and tile them
+    /// themselves, so one group's weights stay in L1 for every row tile.
+    fn row_tile(isa: Isa, avx512: usize) -> usize {
+        match isa {
+            Isa::Avx512Vnni => avx512,
+            Isa::Avx2 => usize::MAX,
+        }
     }
 }
 
@@ -457,12 +620,56 @@ impl PackedQ8_0 {
         self.0.bytes()
     }
 
-    /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`. `None` when the CPU
-    /// lacks the instructions (see [`supported`]).
-    pub fn matmul(&self, x: &[f32], rows: usize) -> Option<Vec<f32>> {
-        // SAFETY: `ByteColumns::matmul` checked `supported()`; each (row, group) output block
-        // is written by exactly one call.
-        self.0.matmul(x, rows, ROW_TILE_Q8, |y, r0, r1, g, out| unsafe { self.tile(y, r0, r1, g, out) })
+    /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`, with the kernel of
+    /// `isa`. `None` when the CPU lacks the instructions.
+    pub fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize) -> Option<Vec<f32>> {
+        let row_tile = ByteColumns::row_tile(isa, ROW_TILE_Q8);
+        // SAFETY: `ByteColumns::matmul` checked that `isa` is available; each (row, group)
+        // output block is written by exactly one call.
+        self.0.matmul(isa, x, rows, row_tile, |y, r0, r1, g, out| unsafe {
+            match isa {
+                Isa::Avx512Vnni => self.tile(y, r0, r1, g, out),
+                Isa::Avx2 => self.tile_avx2(y, r0, r1, g, out),
+            }
+        })
+    }
+
+    /// The AVX2 kernel: rows `r0..r1` of group `g`, one row at a time (8 accumulators per row
+    /// and half), the weights' signs moved onto the activations so `vpmaddubsw` cannot
+    /// saturate.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_avx2(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let cols = &self.0;
+        let ones = _mm256_set1_epi16(1);
+        let flip = _mm256_set1_epi8(-128);
+        for half in 0..2 {
+            for r in r0..r1 {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for b in 0..cols.blocks {
+                    let gb = g * cols.blocks + b;
+                    let at = r * y.blocks + b;
+                    // SAFETY: the features are enabled; gb is in range.
+                    let scale = _mm256_mul_ps(unsafe { cols.half_scales(gb, half) }, _mm256_set1_ps(y.d[at]));
+                    for (l, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: l < 8, half < 2. The stored bytes are the weights plus 128.
+                        let w = _mm256_xor_si256(unsafe { cols.half_vector(gb, l, half) }, flip);
+                        let x = _mm256_set1_epi32(y.words[at * 8 + l]);
+                        let p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+                        let sum = _mm256_madd_epi16(p, ones);
+                        *a = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *a);
+                    }
+                }
+                let s04 = _mm256_add_ps(acc[0], acc[4]);
+                let s15 = _mm256_add_ps(acc[1], acc[5]);
+                let s26 = _mm256_add_ps(acc[2], acc[6]);
+                let s37 = _mm256_add_ps(acc[3], acc[7]);
+                let total = _mm256_add_ps(_mm256_add_ps(s04, s26), _mm256_add_ps(s15, s37));
+                // SAFETY: row r < rows of the output, columns g*16 + half*8.. + 8 <= n.
+                unsafe { _mm256_storeu_ps(out.add(r * cols.n + g * LANES + half * 8), total) };
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -506,7 +713,7 @@ impl PackedQ8_0 {
 
     #[cfg(not(target_arch = "x86_64"))]
     unsafe fn tile(&self, _: &Q8_0Rows, _: usize, _: usize, _: usize, _: *mut f32) {
-        unreachable!("matmul checks supported() first")
+        unreachable!("matmul checks the instruction set first")
     }
 }
 
@@ -536,11 +743,75 @@ impl PackedQ5_0 {
         self.0.bytes()
     }
 
-    /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`. `None` when the CPU
-    /// lacks the instructions (see [`supported`]).
-    pub fn matmul(&self, x: &[f32], rows: usize) -> Option<Vec<f32>> {
+    /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`, with the kernel of
+    /// `isa`. `None` when the CPU lacks the instructions.
+    pub fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize) -> Option<Vec<f32>> {
+        let row_tile = ByteColumns::row_tile(isa, ROW_TILE);
         // SAFETY: as for Q8_0.
-        self.0.matmul(x, rows, ROW_TILE, |y, r0, r1, g, out| unsafe { self.tile(y, r0, r1, g, out) })
+        self.0.matmul(isa, x, rows, row_tile, |y, r0, r1, g, out| unsafe {
+            match isa {
+                Isa::Avx512Vnni => self.tile(y, r0, r1, g, out),
+                Isa::Avx2 => {
+                    let mut r = r0;
+                    while r < r1 {
+                        let t = (r1 - r).min(ROW_TILE_AVX2);
+                        match t {
+                            1 => self.tile_rows_avx2::<1>(y, r, g, out),
+                            2 => self.tile_rows_avx2::<2>(y, r, g, out),
+                            3 => self.tile_rows_avx2::<3>(y, r, g, out),
+                            _ => self.tile_rows_avx2::<4>(y, r, g, out),
+                        }
+                        r += t;
+                    }
+                }
+            }
+        })
+    }
+
+    /// The AVX2 kernel for `R` rows from `r0` of group `g`: 16-bit pair sums over 4 vectors at
+    /// a time (at most 4 x 2 x 31 x 128), widened to 32 bits, then the block's float step.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn tile_rows_avx2<const R: usize>(&self, y: &Q8_0Rows, r0: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let cols = &self.0;
+        let ones = _mm256_set1_epi16(1);
+        for half in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..cols.blocks {
+                let gb = g * cols.blocks + b;
+                let mut first = [_mm256_setzero_si256(); R];
+                let mut second = [_mm256_setzero_si256(); R];
+                for l in 0..8 {
+                    // SAFETY: l < 8, half < 2.
+                    let w = unsafe { cols.half_vector(gb, l, half) };
+                    for t in 0..R {
+                        let x = _mm256_set1_epi32(y.words[((r0 + t) * y.blocks + b) * 8 + l]);
+                        let p = _mm256_maddubs_epi16(w, x);
+                        if l < 4 {
+                            first[t] = _mm256_add_epi16(first[t], p);
+                        } else {
+                            second[t] = _mm256_add_epi16(second[t], p);
+                        }
+                    }
+                }
+                // SAFETY: the features are enabled; gb is in range.
+                let dx = unsafe { cols.half_scales(gb, half) };
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let at = (r0 + t) * y.blocks + b;
+                    let sum = _mm256_add_epi32(_mm256_madd_epi16(first[t], ones), _mm256_madd_epi16(second[t], ones));
+                    // The stored values are the weights plus 16: take 16 x the activations' sum.
+                    let sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(16 * y.sums[at]));
+                    let p = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx), _mm256_set1_ps(y.d[at]));
+                    *a = _mm256_add_ps(*a, p);
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                // SAFETY: row r0 + t < rows of the output, columns g*16 + half*8.. + 8 <= n.
+                unsafe { _mm256_storeu_ps(out.add((r0 + t) * cols.n + g * LANES + half * 8), *a) };
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -584,7 +855,7 @@ impl PackedQ5_0 {
 
     #[cfg(not(target_arch = "x86_64"))]
     unsafe fn tile(&self, _: &Q8_0Rows, _: usize, _: usize, _: usize, _: *mut f32) {
-        unreachable!("matmul checks supported() first")
+        unreachable!("matmul checks the instruction set first")
     }
 }
 
@@ -624,7 +895,7 @@ type RowParts<'a> = ((&'a [f32], &'a mut [i32]), (&'a mut [f32], &'a mut [f32]))
 impl Q8_1Rows {
     /// Quantises `rows x k` values block by block, as candle's `quantize_row_q8_1` does:
     /// `d = amax / 127`, `q = round(x / d)`, `s = f16(sum q) * f16(d)` rounded to f16.
-    fn quantize(x: &[f32], rows: usize, k: usize) -> Self {
+    fn quantize(isa: Isa, x: &[f32], rows: usize, k: usize) -> Self {
         let blocks = k / BLOCK;
         let mut out = Self {
             blocks,
@@ -634,7 +905,7 @@ impl Q8_1Rows {
         };
         let quantize_row = |((x, words), (d, s)): RowParts| {
             for (i, block) in x.chunks_exact(BLOCK).enumerate() {
-                let (amax, sum) = quantize_block(block, &mut words[i * 8..][..8]);
+                let (amax, sum) = quantize_block(isa, block, &mut words[i * 8..][..8]);
                 let dh = f16::from_f32(amax / 127.0);
                 d[i] = dh.to_f32();
                 s[i] = (f16::from_f32(sum as f32) * dh).to_f32();
@@ -661,10 +932,10 @@ impl Q8_1Rows {
 /// Quantises one block of 32 values to `round(v / (amax / 127))` (half away from zero, as
 /// `f32::round`), written as bytes into `words`; returns the block's amax and the sum of the
 /// quantised values.
-fn quantize_block(block: &[f32], words: &mut [i32]) -> (f32, i32) {
+fn quantize_block(isa: Isa, block: &[f32], words: &mut [i32]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
-    if supported() {
-        // SAFETY: `supported()` checked the instructions; the slices have 32 values / 8 words.
+    if isa == Isa::Avx512Vnni && isa.available() {
+        // SAFETY: the instructions were checked; the slices have 32 values / 8 words.
         return unsafe { quantize_block_avx512(block, words) };
     }
     quantize_block_scalar(block, words)
@@ -739,12 +1010,23 @@ mod tests {
             .collect()
     }
 
+    /// The instruction sets this CPU runs; on x86-64 (the build's x86-64-v3 baseline) at least
+    /// AVX2, so the comparisons below never pass by running nothing.
+    fn isas() -> Vec<Isa> {
+        let found: Vec<Isa> = [Isa::Avx512Vnni, Isa::Avx2].into_iter().filter(|i| i.available()).collect();
+        #[cfg(target_arch = "x86_64")]
+        assert!(!found.is_empty(), "an x86-64-v3 build runs on a CPU with AVX2");
+        found
+    }
+
     #[test]
     fn the_kernels_match_candle_bit_for_bit() {
-        if !supported() {
-            eprintln!("this CPU has no AVX-512 VNNI: the kernel is not used here, nothing to compare");
-            return;
+        for isa in isas() {
+            the_kernels_of(isa);
         }
+    }
+
+    fn the_kernels_of(isa: Isa) {
         for (dtype, (n, k)) in [GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::Q5_0]
             .into_iter()
             .flat_map(|d| [(16usize, 64usize), (64, 576), (192, 576), (48, 1472), (32, 896)].map(|s| (d, s)))
@@ -757,9 +1039,9 @@ mod tests {
                 let x = values(rows * k, rows as u64 * 31 + n as u64);
                 let input = Tensor::from_slice(&x, (rows, k), &Device::Cpu).unwrap();
                 let expected: Vec<f32> = reference.forward(&input).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-                let got = packed.matmul(&x, rows).unwrap();
+                let got = packed.matmul_with(isa, &x, rows).unwrap();
                 let same = expected.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{dtype:?}, {rows} rows of [{n}, {k}]: {:?} vs {:?}", &expected[..4], &got[..4]);
+                assert!(same, "{isa:?} {dtype:?}, {rows} rows of [{n}, {k}]: {:?} vs {:?}", &expected[..4], &got[..4]);
             }
         }
     }
@@ -777,7 +1059,7 @@ mod tests {
         }
         for block in &blocks {
             let (mut a, mut b) = ([0i32; 8], [0i32; 8]);
-            let got = quantize_block(block, &mut a);
+            let got = quantize_block(Isa::detect().unwrap_or(Isa::Avx2), block, &mut a);
             let want = quantize_block_scalar(block, &mut b);
             assert_eq!((got.0.to_bits(), got.1, a), (want.0.to_bits(), want.1, b), "{block:?}");
         }
@@ -785,10 +1067,12 @@ mod tests {
 
     #[test]
     fn products_run_together_equal_products_run_alone() {
-        if !supported() {
-            eprintln!("this CPU has no AVX-512 VNNI: the kernel is not used here, nothing to compare");
-            return;
+        for isa in isas() {
+            products_together_and_alone(isa);
         }
+    }
+
+    fn products_together_and_alone(isa: Isa) {
         let k = 576;
         let mats: Vec<Packed> = [576usize, 192, 64]
             .iter()
@@ -801,9 +1085,9 @@ mod tests {
         for rows in [1usize, 3, 16] {
             let x = values(rows * k, rows as u64 + 7);
             let refs: Vec<&Packed> = mats.iter().collect();
-            let together = Packed::matmul_many(&refs, &x, rows).unwrap();
+            let together = Packed::matmul_many_with(isa, &refs, &x, rows).unwrap();
             for (m, got) in mats.iter().zip(&together) {
-                let alone = m.matmul(&x, rows).unwrap();
+                let alone = m.matmul_with(isa, &x, rows).unwrap();
                 assert!(alone.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()), "{rows} rows");
             }
         }
@@ -812,7 +1096,7 @@ mod tests {
             let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
             Packed::new(GgmlDType::Q8_0, &q.data().unwrap(), 16, k).unwrap()
         };
-        assert!(Packed::matmul_many(&[&mats[0], &q8], &values(k, 1), 1).is_none(), "Q4_1 only");
+        assert!(Packed::matmul_many_with(isa, &[&mats[0], &q8], &values(k, 1), 1).is_none(), "Q4_1 only");
     }
 
     #[test]
