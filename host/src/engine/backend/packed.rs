@@ -52,6 +52,8 @@ const ROW_TILE_Q4: usize = 8;
 const ROW_TILE_Q8: usize = 2;
 /// Rows per AVX2 tile (16 vector registers: 4 rows of float and integer accumulators).
 const ROW_TILE_AVX2: usize = 4;
+/// How many blocks ahead the AVX2 Q4_1 kernel asks for weights.
+const PREFETCH_BLOCKS: usize = 4;
 
 /// The instruction set a packed kernel runs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -432,6 +434,14 @@ impl PackedQ4_1 {
                 let mut acc = [_mm256_setzero_ps(); R];
                 for b in 0..self.blocks {
                     let block = group.add(b * Q4_1_LINES * 64);
+                    if half == 0 {
+                        // The first pass streams the group from memory: ask for the lines a
+                        // few blocks ahead (a hint; past the end it fetches nothing harmful).
+                        let ahead = block.wrapping_add(PREFETCH_BLOCKS * Q4_1_LINES * 64);
+                        for line in 0..Q4_1_LINES {
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64).cast());
+                        }
+                    }
                     // Byte-pair sums in 16 bits: at most 30,720 over the block (module docs).
                     let mut sums = [_mm256_setzero_si256(); R];
                     for j in 0..4 {
@@ -650,6 +660,14 @@ impl PackedQ8_0 {
                 for b in 0..cols.blocks {
                     let gb = g * cols.blocks + b;
                     let at = r * y.blocks + b;
+                    if half == 0 && r == r0 {
+                        // The first pass streams the group from memory (as in Q4_1's kernel).
+                        let ahead = cols.qs.as_ptr().wrapping_add((gb + PREFETCH_BLOCKS) * 8);
+                        for line in 0..8 {
+                            // A hint: harmless past the end.
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+                        }
+                    }
                     // SAFETY: the features are enabled; gb is in range.
                     let scale = _mm256_mul_ps(unsafe { cols.half_scales(gb, half) }, _mm256_set1_ps(y.d[at]));
                     for (l, a) in acc.iter_mut().enumerate() {
@@ -934,9 +952,14 @@ impl Q8_1Rows {
 /// quantised values.
 fn quantize_block(isa: Isa, block: &[f32], words: &mut [i32]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512Vnni && isa.available() {
+    if isa.available() {
         // SAFETY: the instructions were checked; the slices have 32 values / 8 words.
-        return unsafe { quantize_block_avx512(block, words) };
+        return unsafe {
+            match isa {
+                Isa::Avx512Vnni => quantize_block_avx512(block, words),
+                Isa::Avx2 => quantize_block_avx2(block, words),
+            }
+        };
     }
     quantize_block_scalar(block, words)
 }
@@ -987,6 +1010,46 @@ unsafe fn quantize_block_avx512(block: &[f32], words: &mut [i32]) -> (f32, i32) 
         let dst = words.as_mut_ptr().cast::<u8>();
         _mm_storeu_si128(dst.cast(), _mm512_cvtepi32_epi8(qa));
         _mm_storeu_si128(dst.add(16).cast(), _mm512_cvtepi32_epi8(qb));
+        (amax, sum)
+    }
+}
+
+/// [`quantize_block_scalar`] with AVX2, bit for bit, the same way as
+/// [`quantize_block_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_block_avx2(block: &[f32], words: &mut [i32]) -> (f32, i32) {
+    use std::arch::x86_64::*;
+    debug_assert!(block.len() == BLOCK && words.len() == 8);
+    // SAFETY: 32 values to read, 8 words (32 bytes) to write.
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(block.as_ptr().add(8 * i)));
+        let abs = v.map(|v| _mm256_andnot_ps(sign, v));
+        let m = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+        let scale = amax / 127.0;
+        let inverse = _mm256_set1_ps(if scale != 0.0 { 1.0 / scale } else { 0.0 });
+        let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
+        let q = v.map(|v| {
+            let x = _mm256_mul_ps(v, inverse);
+            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(x);
+            let away = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_andnot_ps(sign, _mm256_sub_ps(x, t)), half);
+            // One step away from zero where the remainder is at least one half.
+            let step = _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(x, sign)));
+            _mm256_cvttps_epi32(_mm256_add_ps(t, step))
+        });
+        let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let total = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256::<1>(total));
+        let total = _mm_add_epi32(total, _mm_unpackhi_epi64(total, total));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(total, _mm_shuffle_epi32::<1>(total)));
+        // The values fit a byte (|q| <= 127): pack without saturating, then undo the packs'
+        // interleaving of the two 128-bit halves.
+        let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(words.as_mut_ptr().cast(), bytes);
         (amax, sum)
     }
 }
@@ -1057,11 +1120,13 @@ mod tests {
         for seed in 0..64 {
             blocks.push(values(32, seed));
         }
-        for block in &blocks {
-            let (mut a, mut b) = ([0i32; 8], [0i32; 8]);
-            let got = quantize_block(Isa::detect().unwrap_or(Isa::Avx2), block, &mut a);
-            let want = quantize_block_scalar(block, &mut b);
-            assert_eq!((got.0.to_bits(), got.1, a), (want.0.to_bits(), want.1, b), "{block:?}");
+        for isa in isas() {
+            for block in &blocks {
+                let (mut a, mut b) = ([0i32; 8], [0i32; 8]);
+                let got = quantize_block(isa, block, &mut a);
+                let want = quantize_block_scalar(block, &mut b);
+                assert_eq!((got.0.to_bits(), got.1, a), (want.0.to_bits(), want.1, b), "{isa:?} {block:?}");
+            }
         }
     }
 

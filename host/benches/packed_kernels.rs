@@ -1,0 +1,80 @@
+//! The packed matrix kernels alone, per instruction set: `cargo bench -p dspark-host --bench
+//! packed_kernels`. For each of SmolLM2's product shapes (the gate/up, down and output
+//! projections) and 1, 4 and 16 rows, the median time of a product, the weight bytes streamed
+//! per second and the multiply-adds per second, with the AVX-512 VNNI and AVX2 kernels where
+//! this CPU has them and candle's own kernel beside them. Medians of repeated runs, since these
+//! machines are shared and noisy.
+
+use std::time::Instant;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use dspark_host::engine::backend::packed::{Isa, Packed};
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Median seconds of `run` over enough repetitions to fill about half a second.
+fn median_secs(mut run: impl FnMut()) -> f64 {
+    run();
+    let start = Instant::now();
+    run();
+    let once = start.elapsed().as_secs_f64().max(1e-6);
+    let reps = ((0.5 / once) as usize).clamp(5, 400);
+    let mut times: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            run();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[reps / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let shapes = [
+        ("gate/up 1536x576 Q4_1", GgmlDType::Q4_1, 1536usize, 576usize),
+        ("down 576x1536 Q4_1", GgmlDType::Q4_1, 576, 1536),
+        ("output 49152x576 Q8_0", GgmlDType::Q8_0, 49152, 576),
+        ("Qwen ffn 4864x896 Q5_0", GgmlDType::Q5_0, 4864, 896),
+    ];
+    println!("{:<24} {:>4} {:<12} {:>10} {:>8} {:>9}", "product", "rows", "kernel", "median us", "GB/s", "GMAC/s");
+    for (name, dtype, n, k) in shapes {
+        let w = Tensor::from_vec(values(n * k, (n + k) as u64), (n, k), &Device::Cpu)?;
+        let q = QTensor::quantize(&w, dtype)?;
+        let bytes = q.storage_size_in_bytes();
+        let packed = Packed::new(dtype, &q.data()?, n, k).ok_or_else(|| anyhow::anyhow!("{name}: not packable"))?;
+        let reference = QMatMul::from_qtensor(q)?;
+        for rows in [1usize, 4, 16] {
+            let x = values(rows * k, rows as u64);
+            let input = Tensor::from_slice(&x, (rows, k), &Device::Cpu)?;
+            let report = |kernel: &str, secs: f64| {
+                let gbs = bytes as f64 / secs / 1e9;
+                let gmacs = (rows * n * k) as f64 / secs / 1e9;
+                println!("{name:<24} {rows:>4} {kernel:<12} {:>10.1} {gbs:>8.2} {gmacs:>9.2}", secs * 1e6);
+            };
+            for isa in [Isa::Avx512Vnni, Isa::Avx2].into_iter().filter(|i| i.available()) {
+                let secs = median_secs(|| {
+                    std::hint::black_box(packed.matmul_with(isa, &x, rows));
+                });
+                report(&format!("{isa:?}"), secs);
+            }
+            let secs = median_secs(|| {
+                std::hint::black_box(reference.forward(&input).ok());
+            });
+            report("candle", secs);
+        }
+    }
+    Ok(())
+}
