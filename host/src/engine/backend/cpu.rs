@@ -1,8 +1,10 @@
 //! The CPU backend: candle-core's quantised matrix products, plain Rust for the rest.
 //!
-//! Weight matrices stay in their GGUF quantisation and are multiplied by candle's kernels
-//! (which quantise the activations to 8 bits per block and use AVX2 when the crate is built for
-//! x86-64-v3, see `.cargo/config.toml`). Norms, RoPE, the gated activation and residual adds
+//! Weight matrices stay in their GGUF quantisation. Q4_1, Q8_0 and Q5_0 matrices are repacked
+//! at load for the kernels of [`super::packed`] (AVX-512 VNNI or AVX2, picked at run time,
+//! candle's results bit for bit, several rows per weight read); the other formats are
+//! multiplied by candle's kernels (which quantise the activations to 8 bits per block and use
+//! AVX2 when the crate is built for x86-64-v3, see `.cargo/config.toml`). Norms, RoPE, the gated activation and residual adds
 //! are short loops over row-major f32 slices, parallel over rows for batches and chunks
 //! (`for_row_chunks`); paged attention is parallel over (row, head), with rayon.
 //!
@@ -55,7 +57,7 @@ pub struct CpuMatrix {
     tensor: Arc<QTensor>,
     matmul: QMatMul,
     dense: std::sync::OnceLock<QMatMul>,
-    /// Q4_1 and Q8_0 weights repacked for the AVX-512 VNNI kernels, where the CPU has them.
+    /// Q4_1, Q8_0 and Q5_0 weights repacked for the packed kernels, where the CPU runs them.
     packed: Option<Packed>,
 }
 
@@ -251,7 +253,7 @@ impl Backend for CpuBackend {
         }
         let multiply = |rows: &[f32]| -> anyhow::Result<Vec<f32>> {
             let m = rows.len() / x.cols;
-            // The packed VNNI kernels: candle's exact results, several rows per weight read,
+            // The packed kernels: candle's exact results, several rows per weight read,
             // so it also replaces the dense path.
             if let Some(product) = weight.packed.as_ref().and_then(|p| p.matmul(rows, m)) {
                 return Ok(product);
