@@ -215,6 +215,11 @@ fn for_each_tile(rows: usize, groups: usize, row_tile: usize, work: usize, tile:
     }
 }
 
+/// Rows `r0..r1` as AVX2 tiles of at most [`ROW_TILE_AVX2`] rows: (first row, rows).
+fn avx2_row_tiles(r0: usize, r1: usize) -> impl Iterator<Item = (usize, usize)> {
+    (r0..r1).step_by(ROW_TILE_AVX2).map(move |r| (r, (r1 - r).min(ROW_TILE_AVX2)))
+}
+
 /// One cache line. The packed weights are vectors of cache lines, so every 64-byte load is
 /// aligned: a large `Vec<u8>` starts 16 bytes into a page, and then every vector load would
 /// straddle two lines.
@@ -331,16 +336,13 @@ impl PackedQ4_1 {
             match isa {
                 Isa::Avx512Vnni => self.tile_avx512(y, r0, r1, g, out),
                 Isa::Avx2 => {
-                    let mut r = r0;
-                    while r < r1 {
-                        let t = (r1 - r).min(ROW_TILE_AVX2);
+                    for (r, t) in avx2_row_tiles(r0, r1) {
                         match t {
                             1 => self.tile_rows_avx2::<1>(y, r, g, out),
                             2 => self.tile_rows_avx2::<2>(y, r, g, out),
                             3 => self.tile_rows_avx2::<3>(y, r, g, out),
                             _ => self.tile_rows_avx2::<4>(y, r, g, out),
                         }
-                        r += t;
                     }
                 }
             }
@@ -770,16 +772,13 @@ impl PackedQ5_0 {
             match isa {
                 Isa::Avx512Vnni => self.tile(y, r0, r1, g, out),
                 Isa::Avx2 => {
-                    let mut r = r0;
-                    while r < r1 {
-                        let t = (r1 - r).min(ROW_TILE_AVX2);
+                    for (r, t) in avx2_row_tiles(r0, r1) {
                         match t {
                             1 => self.tile_rows_avx2::<1>(y, r, g, out),
                             2 => self.tile_rows_avx2::<2>(y, r, g, out),
                             3 => self.tile_rows_avx2::<3>(y, r, g, out),
                             _ => self.tile_rows_avx2::<4>(y, r, g, out),
                         }
-                        r += t;
                     }
                 }
             }
