@@ -52,7 +52,7 @@ const ROW_TILE_Q4: usize = 8;
 const ROW_TILE_Q8: usize = 2;
 /// Rows per AVX2 tile (16 vector registers: 4 rows of float and integer accumulators).
 const ROW_TILE_AVX2: usize = 4;
-/// How many blocks ahead the AVX2 Q4_1 kernel asks for weights.
+/// How many blocks ahead the AVX2 Q4_1 and Q8_0 kernels ask for weights.
 const PREFETCH_BLOCKS: usize = 4;
 
 /// The instruction set a packed kernel runs with.
