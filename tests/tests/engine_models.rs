@@ -10,8 +10,8 @@ use candle_core::{Device, IndexOp, Tensor};
 use dspark_host::engine::backend::{ForwardBatch, KvDtype, KvShape};
 use dspark_host::engine::chat::ChatTemplate;
 use dspark_host::engine::{
-    Backend, CpuBackend, EngineConfig, FinishReason, GenerationRequest, LlmEngine, Model, ModelTokenizer, RequestError,
-    SamplingParams, load_model,
+    Backend, CpuBackend, EngineConfig, FinishReason, GenerationRequest, LlmEngine, Model, ModelTokenizer, PromptLookup,
+    RequestError, SamplingParams, load_model,
 };
 use dspark_tests::{qwen25, smollm2, tokenizer_json};
 use serde_json::json;
@@ -317,4 +317,41 @@ fn chat_templates_render_like_hugging_face() {
         <|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n\
         <|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
     assert_eq!(text, expected);
+}
+
+#[test]
+fn prompt_lookup_drafts_save_steps_without_changing_the_output() {
+    let path = smollm2();
+    let plain = EngineConfig { max_model_len: Some(512), ..EngineConfig::default() };
+    let lookup = EngineConfig { prompt_lookup: Some(PromptLookup::default()), ..plain.clone() };
+    let mut a = engine(&path, plain);
+    // A copying task: the answer repeats the prompt's text, which prompt lookup drafts.
+    let text = "Order ORD-4821 was placed for 3 x Wireless Mouse at $24.99 each, $74.97 in total; it is shipped.";
+    let prompts: Vec<Vec<u32>> = [format!("Repeat this sentence exactly: {text}"), "Tell me about cats.".to_string()]
+        .iter()
+        .map(|m| chat_prompt(a.tokenizer(), m))
+        .collect();
+    // One request at a time, so that every step saved shows in the step count.
+    let run_each = |engine: &mut LlmEngine<CpuBackend>| -> Vec<_> {
+        prompts.iter().map(|p| run_all(engine, vec![greedy(p.clone(), 48)]).remove(0)).collect()
+    };
+    let expected = run_each(&mut a);
+    let mut b = engine(&path, lookup);
+    let got = run_each(&mut b);
+    assert_eq!(got, expected, "greedy outputs are those of plain decoding");
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(sa.speculated_tokens, 0);
+    assert!(sb.speculated_accepted > 0, "drafts from the prompt were drawn: {sb:?}");
+    assert_eq!(sb.sampled_tokens, sa.sampled_tokens, "every token is still sampled");
+    assert_eq!(sb.steps + sb.speculated_accepted, sa.steps, "each drawn draft token saved a step: {sa:?} {sb:?}");
+
+    // Seeded sampling draws the same tokens with drafts as without.
+    let sampled = |seed| {
+        let mut r = greedy(prompts[0].clone(), 32);
+        r.sampling = SamplingParams { temperature: 0.8, seed: Some(seed), ..SamplingParams::default() };
+        r
+    };
+    for seed in [1, 2, 3] {
+        assert_eq!(run_all(&mut b, vec![sampled(seed)]), run_all(&mut a, vec![sampled(seed)]), "seed {seed}");
+    }
 }

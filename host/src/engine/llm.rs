@@ -5,10 +5,13 @@
 //! samples, checks EOS / stop tokens / stop strings / length, and commits the token to the
 //! constraint. A constraint may answer with a forced span (DSpark's fast-forward): those
 //! tokens are appended without sampling and fed to the model as one multi-token chunk in the
-//! next step. A constraint may also guess the token after the span (DSpark's path tree
-//! remembers what was taken from the same state before): the guess rides along as one more
-//! row, and when sampling draws it, the token after it is sampled in the same step
-//! (`LlmEngine::guess`). Cancellation removes a sequence and frees its blocks immediately.
+//! next step. A step may also feed a draft of the tokens likely to come next: the
+//! constraint's guess of the token after the span (DSpark's path tree remembers what was
+//! taken from the same state before) and tokens found by prompt lookup (what followed the
+//! sequence's last few tokens where they occurred before, [`super::draft`]). The draft rides
+//! along as more rows of the sequence; sampling runs row by row, and while it draws the
+//! drafted tokens, the tokens after them are sampled in the same step (`LlmEngine::draft`).
+//! Cancellation removes a sequence and frees its blocks immediately.
 //!
 //! The engine is synchronous and single-threaded by design (the model's kernels are
 //! parallel); the server drives it from a dedicated thread.
@@ -24,6 +27,7 @@ use thiserror::Error;
 use super::backend::{Backend, ForwardBatch, KvDtype, KvShape};
 use super::blocks::BlockManager;
 use super::detokenize::OutputText;
+use super::draft::PromptLookup;
 use super::gguf_tokenizer::ModelTokenizer;
 use super::model::Model;
 use super::sampler::{ParamError, Rng, SamplingParams, TokenHistory, sample};
@@ -57,7 +61,11 @@ pub struct EngineConfig {
     /// Feed constraints' guesses of the next token ahead of sampling (see
     /// `LlmEngine::guess`).
     pub guesses: bool,
-    /// Guess only in steps that sample at most this many sequences. A guessed row pays off
+    /// Draft the tokens after a sequence's last one by prompt lookup (see
+    /// [`super::draft`]); `None` does not.
+    pub prompt_lookup: Option<PromptLookup>,
+    /// Draft (guesses and prompt lookup) only in steps that sample at most this many
+    /// sequences. A drafted row pays off
     /// while a step's cost is reading the weights; once the rows' compute dominates (on two
     /// CPU cores from about 8 rows: `dspark engine-bench`), a wrong guess costs what a right
     /// one saves (measured with `dspark bench` at concurrency 8: 0.98x-1.01x).
@@ -77,6 +85,7 @@ impl Default for EngineConfig {
             kv_cache_dtype: KvDtype::F16,
             overlap_masks: true,
             guesses: true,
+            prompt_lookup: None,
             guess_max_seqs: 4,
         }
     }
@@ -234,9 +243,10 @@ pub struct EngineStats {
     /// Nanoseconds sampling waited for masks: all of the mask time when masks are computed
     /// at sampling, only what outlasted the forward pass when they overlap it.
     pub mask_wait_ns: u64,
-    /// Guessed tokens fed to the model after a sequence's chunk (see `LlmEngine::guess`).
+    /// Drafted tokens fed to the model after a sequence's chunk (guesses and prompt lookup,
+    /// see `LlmEngine::draft`).
     pub speculated_tokens: u64,
-    /// Guessed tokens that sampling then drew: each saved a step.
+    /// Drafted tokens that sampling then drew: each saved a step.
     pub speculated_accepted: u64,
 }
 
@@ -250,6 +260,10 @@ struct RequestState {
     constraint: Option<Box<dyn SequenceConstraint>>,
     text: OutputText,
     generated: usize,
+    /// The most tokens prompt lookup drafts for this sequence next: one more than its last
+    /// draft had drawn, so a sequence whose drafts keep missing pays one row per step and
+    /// one whose drafts are drawn whole gets longer ones.
+    lookup_len: usize,
     /// Output produced before the first step (the constraint's initial span).
     pending: Vec<TokenOutput>,
     /// Set when the request ended before any step.
@@ -268,6 +282,7 @@ pub struct LlmEngine<B: Backend> {
     block_size: usize,
     overlap_masks: bool,
     guesses: bool,
+    prompt_lookup: Option<PromptLookup>,
     guess_max_seqs: usize,
     mask_threads: usize,
     stats: EngineStats,
@@ -338,6 +353,7 @@ impl<B: Backend> LlmEngine<B> {
             block_size: config.block_size,
             overlap_masks: config.overlap_masks,
             guesses: config.guesses,
+            prompt_lookup: config.prompt_lookup,
             guess_max_seqs: config.guess_max_seqs,
             mask_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             stats: EngineStats::default(),
@@ -400,6 +416,7 @@ impl<B: Backend> LlmEngine<B> {
             constraint: None,
             text: OutputText::new(stop),
             generated: 0,
+            lookup_len: self.prompt_lookup.map_or(0, |l| l.max_draft),
             pending: Vec::new(),
             finished_early: None,
         };
@@ -435,26 +452,28 @@ impl<B: Backend> LlmEngine<B> {
             return Ok(updates);
         }
         let mut batch = ForwardBatch::default();
-        let mut guesses: HashMap<SeqId, Guess> = HashMap::new();
-        let guessing = plan.scheduled.iter().filter(|s| s.sample).count() <= self.guess_max_seqs;
+        let mut drafts: HashMap<SeqId, Vec<Guess>> = HashMap::new();
+        let drafting = plan.scheduled.iter().filter(|s| s.sample).count() <= self.guess_max_seqs;
         for s in &plan.scheduled {
-            let guess = if s.sample && guessing { self.guess(s.id) } else { None };
+            let draft = if s.sample && drafting { self.draft(s.id) } else { Vec::new() };
             let Some(seq) = self.scheduler.get(s.id) else { continue };
             let tokens = &seq.tokens[s.start..s.start + s.len];
-            match guess {
-                Some(guess) => {
-                    // Logits of the last scheduled row (to sample) and of the last guessed row
-                    // (the token after the guess and its span).
-                    let mut rows = tokens.to_vec();
-                    rows.push(guess.token);
-                    rows.extend(&guess.forced);
-                    let end = batch.len() + rows.len();
-                    batch.push_sequence(&rows, s.start, seq.block_table(), self.block_size, false);
-                    batch.logits_rows.extend([end - 2 - guess.forced.len(), end - 1]);
-                    self.stats.speculated_tokens += 1;
-                    guesses.insert(s.id, guess);
+            if draft.is_empty() {
+                batch.push_sequence(tokens, s.start, seq.block_table(), self.block_size, s.sample);
+            } else {
+                // Logits of the last scheduled row (to sample) and of the last row of each
+                // drafted token with its span (the token after it).
+                let mut rows = tokens.to_vec();
+                let mut logits_rows = vec![batch.len() + rows.len() - 1];
+                for item in &draft {
+                    rows.push(item.token);
+                    rows.extend(&item.forced);
+                    logits_rows.push(batch.len() + rows.len() - 1);
                 }
-                None => batch.push_sequence(tokens, s.start, seq.block_table(), self.block_size, s.sample),
+                batch.push_sequence(&rows, s.start, seq.block_table(), self.block_size, false);
+                batch.logits_rows.extend(logits_rows);
+                self.stats.speculated_tokens += draft.len() as u64;
+                drafts.insert(s.id, draft);
             }
             let prompt_part = seq.prompt_len.saturating_sub(s.start).min(s.len);
             self.stats.prompt_tokens_computed += prompt_part as u64;
@@ -468,10 +487,13 @@ impl<B: Backend> LlmEngine<B> {
         let mut rows = logits.chunks_exact_mut(vocab);
         for &id in &sampled {
             let Some(row) = rows.next() else { break };
-            let update = match guesses.remove(&id) {
-                Some(guess) => {
-                    let Some(after_guess) = rows.next() else { break };
-                    self.advance_speculated(id, row, after_guess, masks.remove(&id), guess)
+            let update = match drafts.remove(&id) {
+                Some(draft) => {
+                    let after: Vec<&mut [f32]> = rows.by_ref().take(draft.len()).collect();
+                    if after.len() < draft.len() {
+                        break;
+                    }
+                    self.advance_drafted(id, row, after, masks.remove(&id), draft)
                 }
                 None => self.advance(id, row, masks.remove(&id)),
             };
@@ -480,64 +502,105 @@ impl<B: Backend> LlmEngine<B> {
         Ok(updates)
     }
 
-    /// The token to speculate after sequence `id`'s scheduled tokens, if any: its
-    /// constraint's guess (DSpark only: the token most recently and repeatedly taken from the
-    /// same constraint state, e.g. the `":"` a model writes after a key name, which the
-    /// plugin holds back because it could merge with what follows), when the sequence has
-    /// room for it and a cache slot can be had without preempting anyone.
+    /// The tokens to speculate after sequence `id`'s scheduled tokens, each with the forced
+    /// span expected after it: first its constraint's guess (DSpark only: the token most
+    /// recently and repeatedly taken from the same constraint state, e.g. the `":"` a model
+    /// writes after a key name, which the plugin holds back because it could merge with what
+    /// follows), then what prompt lookup finds after the sequence's tokens (and the guess):
+    /// as many as the sequence has room for and cache slots can be had for without
+    /// preempting anyone.
     ///
-    /// The guess is fed as one more row of the sequence's chunk, with the logits of both its
-    /// row and the one before. Sampling at the row before is unchanged; when it draws the
-    /// guessed token, that token's K/V and the logits after it are already computed and the
-    /// next token is sampled in the same step (a step saved); otherwise the extra row is
-    /// dropped and its cache slot is overwritten later. Outputs are the same either way: a
-    /// row's results do not depend on the other rows of its batch.
-    fn guess(&mut self, id: SeqId) -> Option<Guess> {
-        if !self.guesses {
-            return None;
+    /// The draft is fed as more rows of the sequence's chunk, with the logits of the row
+    /// before it and of each drafted token's last row. Sampling at the row before is
+    /// unchanged; when it draws the first drafted token, that token's K/V and the logits
+    /// after it are already computed and the next token is sampled in the same step (a step
+    /// saved), and so on down the draft; the rows after the first miss are dropped and their
+    /// cache slots are overwritten later. Outputs are the same either way: a row's results
+    /// do not depend on the other rows of its batch.
+    fn draft(&mut self, id: SeqId) -> Vec<Guess> {
+        let mut draft = Vec::new();
+        if !self.guesses && self.prompt_lookup.is_none() {
+            return draft;
         }
-        let state = self.requests.get_mut(&id)?;
+        let Some(state) = self.requests.get_mut(&id) else { return draft };
+        let Some(seq) = self.scheduler.get(id) else { return draft };
         if state.finished_early.is_some() {
-            return None;
+            return draft;
         }
-        let guess = state.constraint.as_mut()?.guess()?;
-        let rows = 1 + guess.forced.len();
-        if state.generated + rows + 1 > state.max_tokens {
-            return None;
-        }
-        if self.scheduler.get(id)?.tokens.len() + rows >= self.max_model_len || !self.scheduler.reserve_slots(id, rows)
+        // Rows beyond the token sampled at the scheduled row, within max_tokens and
+        // max_model_len.
+        let room = state
+            .max_tokens
+            .saturating_sub(state.generated + 1)
+            .min(self.max_model_len.saturating_sub(seq.tokens.len() + 1));
+        let mut rows = 0;
+        if self.guesses
+            && let Some(guess) = state.constraint.as_mut().and_then(|c| c.guess())
+            && guess.forced.len() < room
         {
-            return None;
+            rows += 1 + guess.forced.len();
+            draft.push(guess);
         }
-        Some(guess)
+        if let Some(lookup) = self.prompt_lookup
+            && rows < room
+        {
+            let mut found = Vec::new();
+            let limit = (room - rows).min(state.lookup_len);
+            if draft.is_empty() {
+                lookup.propose(&seq.tokens, limit, &mut found);
+            } else {
+                let mut context = seq.tokens.clone();
+                for g in &draft {
+                    context.push(g.token);
+                    context.extend(&g.forced);
+                }
+                lookup.propose(&context, limit, &mut found);
+            }
+            rows += found.len();
+            draft.extend(found.into_iter().map(|token| Guess { token, forced: Vec::new() }));
+        }
+        if rows > 0 && !self.scheduler.reserve_slots(id, rows) {
+            draft.clear();
+        }
+        draft
     }
 
-    /// [`Self::advance`] for a sequence fed with a guess (see [`Self::guess`]): samples from
-    /// `logits`; if that draws the guessed token and the constraint answers with the same
-    /// forced span as before, the K/V of both are kept and the next token is sampled from
-    /// `after_guess` in the same step. If only the token matches, its K/V are kept and the
-    /// span is fed in the next step as usual.
-    fn advance_speculated(
+    /// [`Self::advance`] for a sequence fed with a draft (see [`Self::draft`]): samples from
+    /// `logits`; while that draws the drafted token and the constraint answers with the
+    /// forced span expected after it, the K/V of both are kept and the next token is sampled
+    /// from the logits after them (`after`, one row per drafted token) in the same step.
+    /// Where only the token matches, its K/V are kept and the span is fed in the next step as
+    /// usual.
+    fn advance_drafted(
         &mut self,
         id: SeqId,
         logits: &mut [f32],
-        after_guess: &mut [f32],
+        after: Vec<&mut [f32]>,
         mask: Option<anyhow::Result<Option<Mask>>>,
-        guess: Guess,
+        draft: Vec<Guess>,
     ) -> Option<SequenceUpdate> {
         let mut state = self.requests.remove(&id)?;
         let mut tokens = std::mem::take(&mut state.pending);
-        let first = tokens.len();
+        let mut first = tokens.len();
         let mut finish = self.advance_state(id, &mut state, logits, mask, &mut tokens);
-        if finish.is_none() && tokens.get(first).map(|t| t.token) == Some(guess.token) {
-            self.stats.speculated_accepted += 1;
-            let span: Vec<u32> = tokens[first + 1..].iter().map(|t| t.token).collect();
-            if span == guess.forced {
-                self.scheduler.mark_computed(id, 1 + span.len());
-                finish = self.advance_state(id, &mut state, after_guess, None, &mut tokens);
-            } else {
-                self.scheduler.mark_computed(id, 1);
+        let mut drawn = 0;
+        for (item, logits) in draft.iter().zip(after) {
+            if finish.is_some() || tokens.get(first).map(|t| t.token) != Some(item.token) {
+                break;
             }
+            self.stats.speculated_accepted += 1;
+            drawn += 1;
+            let span: Vec<u32> = tokens[first + 1..].iter().map(|t| t.token).collect();
+            if span != item.forced {
+                self.scheduler.mark_computed(id, 1);
+                break;
+            }
+            self.scheduler.mark_computed(id, 1 + span.len());
+            first = tokens.len();
+            finish = self.advance_state(id, &mut state, logits, None, &mut tokens);
+        }
+        if let Some(lookup) = self.prompt_lookup {
+            state.lookup_len = (drawn + 1).min(lookup.max_draft);
         }
         Some(self.conclude(id, state, tokens, finish))
     }

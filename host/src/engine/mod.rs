@@ -13,6 +13,7 @@ pub mod backend;
 pub mod blocks;
 pub mod chat;
 pub mod detokenize;
+pub mod draft;
 pub mod gguf;
 pub mod gguf_tokenizer;
 pub mod llm;
@@ -25,6 +26,7 @@ use std::path::Path;
 use anyhow::Context;
 
 pub use backend::{Backend, CpuBackend};
+pub use draft::PromptLookup;
 pub use gguf_tokenizer::ModelTokenizer;
 pub use llm::{
     ConstraintStep, EngineConfig, EngineStats, FinishReason, GenerationRequest, Guess, LlmEngine, RequestError,

@@ -40,6 +40,9 @@ pub struct ServeArgs {
     /// Turn DSpark off for --model (the classic one-mask-per-step path).
     #[arg(long)]
     no_dspark: bool,
+    /// Prompt-lookup draft tokens per step for --model (vLLM's ngram method; 0: off).
+    #[arg(long, default_value_t = 0)]
+    num_speculative_tokens: usize,
     /// Batch-invariant kernels for --model: greedy answers independent of batching.
     #[arg(long)]
     batch_invariant: bool,
@@ -81,8 +84,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_num_seqs: args.max_num_seqs,
             max_model_len: args.max_model_len,
             batch_invariant: args.batch_invariant,
+            num_speculative_tokens: args.num_speculative_tokens,
             ..EntryConfig::default()
         };
+        config.validate().context("--model")?;
         entries.push(cli_entry(name, path, config));
     }
     crate::serve::run(ServeOptions {

@@ -29,7 +29,12 @@ use anyhow::{Context, anyhow, bail};
 use serde::Deserialize;
 use serde_json::Value;
 
+use dspark_host::engine::PromptLookup;
+
 use super::api::SamplingDefaults;
+
+/// The most tokens prompt lookup may draft per step: each costs a row of compute.
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
 /// One served model.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +85,22 @@ pub struct EntryConfig {
     /// Outputs are the same either way.
     #[serde(default = "yes")]
     pub speculate: bool,
+    /// Prompt lookup (vLLM's `ngram` speculative method): per step, draft up to this many
+    /// tokens from what followed the sequence's last tokens where they occurred before in its
+    /// prompt or output (an extraction answer copies ids and names from its prompt), feed
+    /// them as more rows and keep those sampling draws. Outputs are the same either way.
+    /// `0` (the default) is off: on two CPU cores each drafted row costs about a third of a
+    /// decode step, which the drawn tokens only just repay with one sequence running and do
+    /// not with four (`docs/benchmarks.md`); it pays where a step's cost is reading the
+    /// weights, not the rows' compute.
+    #[serde(default)]
+    pub num_speculative_tokens: usize,
+    /// The longest suffix prompt lookup matches.
+    #[serde(default = "default_prompt_lookup_max")]
+    pub prompt_lookup_max: usize,
+    /// The shortest suffix prompt lookup matches (at least 1).
+    #[serde(default = "default_prompt_lookup_min")]
+    pub prompt_lookup_min: usize,
 }
 
 fn yes() -> bool {
@@ -93,6 +114,42 @@ fn default_batched_tokens() -> usize {
 }
 fn default_max_queue() -> usize {
     256
+}
+fn default_prompt_lookup_max() -> usize {
+    PromptLookup::default().max_ngram
+}
+fn default_prompt_lookup_min() -> usize {
+    PromptLookup::default().min_ngram
+}
+
+impl EntryConfig {
+    /// Checks the values serde cannot: positive limits, a sane prompt-lookup window.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 || self.max_queue == 0 {
+            bail!("spec.config: max_num_seqs, max_num_batched_tokens and max_queue must be positive");
+        }
+        if self.prompt_lookup_min == 0 || self.prompt_lookup_max < self.prompt_lookup_min {
+            bail!(
+                "spec.config: prompt_lookup_min ({}) must be at least 1 and at most prompt_lookup_max ({})",
+                self.prompt_lookup_min,
+                self.prompt_lookup_max
+            );
+        }
+        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS {
+            bail!("spec.config: num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS}");
+        }
+        Ok(())
+    }
+
+    /// The prompt-lookup settings this entry asks for (see
+    /// [`EntryConfig::num_speculative_tokens`]), `None` when off.
+    pub fn prompt_lookup(&self) -> Option<PromptLookup> {
+        (self.num_speculative_tokens > 0).then_some(PromptLookup {
+            max_draft: self.num_speculative_tokens,
+            max_ngram: self.prompt_lookup_max,
+            min_ngram: self.prompt_lookup_min,
+        })
+    }
 }
 
 impl Default for EntryConfig {
@@ -193,9 +250,7 @@ fn entry_from(doc: Document, base: &Path) -> anyhow::Result<ModelEntry> {
         config.insert(key, value);
     }
     let config: EntryConfig = serde_json::from_value(Value::Object(config)).map_err(|e| anyhow!("spec.config: {e}"))?;
-    if config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 || config.max_queue == 0 {
-        bail!("spec.config: max_num_seqs, max_num_batched_tokens and max_queue must be positive");
-    }
+    config.validate()?;
     Ok(ModelEntry { name, path, config })
 }
 
@@ -278,5 +333,34 @@ spec:
         assert!(format!("{:#}", parse(dup, Path::new(".")).unwrap_err()).contains("defined twice"));
         let remote = "metadata: {name: m}\nspec: {source: 'hf://x/y'}\n";
         assert!(format!("{:#}", parse(remote, Path::new(".")).unwrap_err()).contains("remote"));
+    }
+
+    #[test]
+    fn prompt_lookup_is_opt_in_and_bounded() {
+        let entries = parse(TWO, Path::new(".")).unwrap();
+        assert_eq!(entries[0].config.prompt_lookup(), None, "off by default");
+        let entry = |config: &str| {
+            let doc = format!("metadata: {{name: m}}\nspec: {{source: a, config: {{{config}}}}}\n");
+            parse(&doc, Path::new(".")).map(|mut e| e.remove(0).config.prompt_lookup())
+        };
+        assert_eq!(entry("num_speculative_tokens: 0").unwrap(), None);
+        assert_eq!(
+            entry("num_speculative_tokens: 4").unwrap(),
+            Some(PromptLookup { max_draft: 4, max_ngram: 3, min_ngram: 2 })
+        );
+        assert_eq!(
+            entry("dspark: false, num_speculative_tokens: 6, prompt_lookup_max: 5, prompt_lookup_min: 1").unwrap(),
+            Some(PromptLookup { max_draft: 6, max_ngram: 5, min_ngram: 1 })
+        );
+        let err = |config: &str| format!("{:#}", entry(config).unwrap_err());
+        assert_eq!(
+            err("prompt_lookup_min: 0"),
+            "model `m`: spec.config: prompt_lookup_min (0) must be at least 1 and at most prompt_lookup_max (3)"
+        );
+        assert!(err("prompt_lookup_min: 4").contains("at most prompt_lookup_max (3)"));
+        assert_eq!(
+            err("num_speculative_tokens: 17"),
+            "model `m`: spec.config: num_speculative_tokens must be at most 16"
+        );
     }
 }

@@ -103,9 +103,10 @@ pub struct ModelMetrics {
     pub finished: Mutex<BTreeMap<&'static str, u64>>,
     /// Tokens appended by fast-forward without sampling.
     pub forced_tokens: Counter,
-    /// Guessed tokens fed to the model ahead of sampling (DSpark's path-tree guesses).
+    /// Drafted tokens fed to the model ahead of sampling (DSpark's path-tree guesses and
+    /// prompt lookup).
     pub speculated_tokens: Counter,
-    /// Guessed tokens that sampling then drew (a step saved each).
+    /// Drafted tokens that sampling then drew (a step saved each).
     pub speculated_accepted: Counter,
     /// Time per plugin mask call.
     pub mask_seconds: Mutex<Histogram>,
@@ -202,10 +203,13 @@ impl Metrics {
         counter(&mut out, "dspark_fast_forward_tokens_total", "Tokens appended without sampling.", &|m| {
             m.forced_tokens.get()
         });
-        counter(&mut out, "dspark_speculated_tokens_total", "Guessed tokens fed ahead of sampling.", &|m| {
-            m.speculated_tokens.get()
-        });
-        counter(&mut out, "dspark_speculated_accepted_total", "Guessed tokens that sampling drew.", &|m| {
+        counter(
+            &mut out,
+            "dspark_speculated_tokens_total",
+            "Drafted tokens fed ahead of sampling (guesses, prompt lookup).",
+            &|m| m.speculated_tokens.get(),
+        );
+        counter(&mut out, "dspark_speculated_accepted_total", "Drafted tokens that sampling drew.", &|m| {
             m.speculated_accepted.get()
         });
         counter(&mut out, "dspark_path_tree_hits_total", "Constraint answers served by the path tree.", &|m| {

@@ -87,6 +87,7 @@ impl Worker {
             // DSpark's overlap; `dspark: false` computes each mask at sampling.
             overlap_masks: config.dspark,
             guesses: config.dspark && config.speculate,
+            prompt_lookup: config.prompt_lookup(),
             ..EngineConfig::default()
         };
         let vocab_size = model.config().vocab_size;
