@@ -64,6 +64,12 @@ pub struct EngineConfig {
     /// Draft the tokens after a sequence's last one by prompt lookup (see
     /// [`super::draft`]); `None` does not.
     pub prompt_lookup: Option<PromptLookup>,
+    /// Draft by prompt lookup only in steps that sample at most this many sequences. Its
+    /// drafts are drawn about half the time, and on two CPU cores an extra row costs about a
+    /// third of a decode step with one sequence running and more once the rows' compute
+    /// dominates (`dspark bench`: 1.11-1.17x with one sequence, 0.95-1.07x with two,
+    /// 0.80-0.88x with four).
+    pub lookup_max_seqs: usize,
     /// Draft (guesses and prompt lookup) only in steps that sample at most this many
     /// sequences. A drafted row pays off
     /// while a step's cost is reading the weights; once the rows' compute dominates (on two
@@ -86,6 +92,7 @@ impl Default for EngineConfig {
             overlap_masks: true,
             guesses: true,
             prompt_lookup: None,
+            lookup_max_seqs: 1,
             guess_max_seqs: 4,
         }
     }
@@ -283,6 +290,7 @@ pub struct LlmEngine<B: Backend> {
     overlap_masks: bool,
     guesses: bool,
     prompt_lookup: Option<PromptLookup>,
+    lookup_max_seqs: usize,
     guess_max_seqs: usize,
     mask_threads: usize,
     stats: EngineStats,
@@ -354,6 +362,7 @@ impl<B: Backend> LlmEngine<B> {
             overlap_masks: config.overlap_masks,
             guesses: config.guesses,
             prompt_lookup: config.prompt_lookup,
+            lookup_max_seqs: config.lookup_max_seqs,
             guess_max_seqs: config.guess_max_seqs,
             mask_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             stats: EngineStats::default(),
@@ -453,9 +462,10 @@ impl<B: Backend> LlmEngine<B> {
         }
         let mut batch = ForwardBatch::default();
         let mut drafts: HashMap<SeqId, Vec<Guess>> = HashMap::new();
-        let drafting = plan.scheduled.iter().filter(|s| s.sample).count() <= self.guess_max_seqs;
+        let sampling = plan.scheduled.iter().filter(|s| s.sample).count();
+        let (guessing, looking_up) = (sampling <= self.guess_max_seqs, sampling <= self.lookup_max_seqs);
         for s in &plan.scheduled {
-            let draft = if s.sample && drafting { self.draft(s.id) } else { Vec::new() };
+            let draft = if s.sample && guessing { self.draft(s.id, looking_up) } else { Vec::new() };
             let Some(seq) = self.scheduler.get(s.id) else { continue };
             let tokens = &seq.tokens[s.start..s.start + s.len];
             if draft.is_empty() {
@@ -508,7 +518,7 @@ impl<B: Backend> LlmEngine<B> {
     /// writes after a key name, which the plugin holds back because it could merge with what
     /// follows), then what prompt lookup finds after the sequence's tokens (and the guess):
     /// as many as the sequence has room for and cache slots can be had for without
-    /// preempting anyone.
+    /// preempting anyone. Prompt lookup only `with_lookup`.
     ///
     /// The draft is fed as more rows of the sequence's chunk, with the logits of the row
     /// before it and of each drafted token's last row. Sampling at the row before is
@@ -517,9 +527,10 @@ impl<B: Backend> LlmEngine<B> {
     /// saved), and so on down the draft; the rows after the first miss are dropped and their
     /// cache slots are overwritten later. Outputs are the same either way: a row's results
     /// do not depend on the other rows of its batch.
-    fn draft(&mut self, id: SeqId) -> Vec<Guess> {
+    fn draft(&mut self, id: SeqId, with_lookup: bool) -> Vec<Guess> {
         let mut draft = Vec::new();
-        if !self.guesses && self.prompt_lookup.is_none() {
+        let lookup = self.prompt_lookup.filter(|_| with_lookup);
+        if !self.guesses && lookup.is_none() {
             return draft;
         }
         let Some(state) = self.requests.get_mut(&id) else { return draft };
@@ -541,7 +552,7 @@ impl<B: Backend> LlmEngine<B> {
             rows += 1 + guess.forced.len();
             draft.push(guess);
         }
-        if let Some(lookup) = self.prompt_lookup
+        if let Some(lookup) = lookup
             && rows < room
         {
             let mut found = Vec::new();

@@ -40,9 +40,10 @@ pub struct ServeArgs {
     /// Turn DSpark off for --model (the classic one-mask-per-step path).
     #[arg(long)]
     no_dspark: bool,
-    /// Prompt-lookup draft tokens per step for --model (vLLM's ngram method; 0: off).
-    #[arg(long, default_value_t = 0)]
-    num_speculative_tokens: usize,
+    /// Prompt-lookup draft tokens per step for --model (vLLM's ngram method; 0: off;
+    /// default: 2 with DSpark).
+    #[arg(long)]
+    num_speculative_tokens: Option<usize>,
     /// Batch-invariant kernels for --model: greedy answers independent of batching.
     #[arg(long)]
     batch_invariant: bool,

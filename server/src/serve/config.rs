@@ -89,12 +89,11 @@ pub struct EntryConfig {
     /// tokens from what followed the sequence's last tokens where they occurred before in its
     /// prompt or output (an extraction answer copies ids and names from its prompt), feed
     /// them as more rows and keep those sampling draws. Outputs are the same either way.
-    /// `0` (the default) is off: on two CPU cores each drafted row costs about a third of a
-    /// decode step, which the drawn tokens only just repay with one sequence running and do
-    /// not with four (`docs/benchmarks.md`); it pays where a step's cost is reading the
-    /// weights, not the rows' compute.
-    #[serde(default)]
-    pub num_speculative_tokens: usize,
+    /// `0` is off; unset: 2 with `dspark` and `speculate`, off without, so `dspark: false`
+    /// stays the classic path. Drafts ride only in steps that sample one sequence: on two CPU
+    /// cores an extra row costs about a third of a decode step, which drawn drafts repay with
+    /// one sequence running and not with four (`docs/benchmarks.md`).
+    pub num_speculative_tokens: Option<usize>,
     /// The longest suffix prompt lookup matches.
     #[serde(default = "default_prompt_lookup_max")]
     pub prompt_lookup_max: usize,
@@ -135,7 +134,7 @@ impl EntryConfig {
                 self.prompt_lookup_max
             );
         }
-        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS {
+        if self.num_speculative_tokens.is_some_and(|n| n > MAX_SPECULATIVE_TOKENS) {
             bail!("spec.config: num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS}");
         }
         Ok(())
@@ -144,8 +143,10 @@ impl EntryConfig {
     /// The prompt-lookup settings this entry asks for (see
     /// [`EntryConfig::num_speculative_tokens`]), `None` when off.
     pub fn prompt_lookup(&self) -> Option<PromptLookup> {
-        (self.num_speculative_tokens > 0).then_some(PromptLookup {
-            max_draft: self.num_speculative_tokens,
+        let default = if self.dspark && self.speculate { PromptLookup::default().max_draft } else { 0 };
+        let max_draft = self.num_speculative_tokens.unwrap_or(default);
+        (max_draft > 0).then_some(PromptLookup {
+            max_draft,
             max_ngram: self.prompt_lookup_max,
             min_ngram: self.prompt_lookup_min,
         })
@@ -336,18 +337,20 @@ spec:
     }
 
     #[test]
-    fn prompt_lookup_is_opt_in_and_bounded() {
+    fn prompt_lookup_is_on_with_dspark_and_bounded() {
         let entries = parse(TWO, Path::new(".")).unwrap();
-        assert_eq!(entries[0].config.prompt_lookup(), None, "off by default");
+        assert_eq!(
+            entries[0].config.prompt_lookup(),
+            Some(PromptLookup { max_draft: 2, max_ngram: 3, min_ngram: 3 }),
+            "DSpark drafts by default"
+        );
+        assert_eq!(entries[1].config.prompt_lookup(), None, "the classic path does not");
         let entry = |config: &str| {
             let doc = format!("metadata: {{name: m}}\nspec: {{source: a, config: {{{config}}}}}\n");
             parse(&doc, Path::new(".")).map(|mut e| e.remove(0).config.prompt_lookup())
         };
+        assert_eq!(entry("speculate: false").unwrap(), None);
         assert_eq!(entry("num_speculative_tokens: 0").unwrap(), None);
-        assert_eq!(
-            entry("num_speculative_tokens: 4").unwrap(),
-            Some(PromptLookup { max_draft: 4, max_ngram: 3, min_ngram: 2 })
-        );
         assert_eq!(
             entry("dspark: false, num_speculative_tokens: 6, prompt_lookup_max: 5, prompt_lookup_min: 1").unwrap(),
             Some(PromptLookup { max_draft: 6, max_ngram: 5, min_ngram: 1 })
@@ -358,6 +361,10 @@ spec:
             "model `m`: spec.config: prompt_lookup_min (0) must be at least 1 and at most prompt_lookup_max (3)"
         );
         assert!(err("prompt_lookup_min: 4").contains("at most prompt_lookup_max (3)"));
+        assert_eq!(
+            err("prompt_lookup_max: 2"),
+            "model `m`: spec.config: prompt_lookup_min (3) must be at least 1 and at most prompt_lookup_max (2)"
+        );
         assert_eq!(
             err("num_speculative_tokens: 17"),
             "model `m`: spec.config: num_speculative_tokens must be at most 16"
