@@ -59,7 +59,7 @@ pub struct EngineConfig {
     /// path).
     pub overlap_masks: bool,
     /// Feed constraints' guesses of the next token ahead of sampling (see
-    /// `LlmEngine::guess`).
+    /// `LlmEngine::draft`).
     pub guesses: bool,
     /// Draft the tokens after a sequence's last one by prompt lookup (see
     /// [`super::draft`]); `None` does not.
@@ -70,11 +70,11 @@ pub struct EngineConfig {
     /// dominates (`dspark bench`: 1.11-1.17x with one sequence, 0.95-1.07x with two,
     /// 0.80-0.88x with four).
     pub lookup_max_seqs: usize,
-    /// Draft (guesses and prompt lookup) only in steps that sample at most this many
-    /// sequences. A drafted row pays off
-    /// while a step's cost is reading the weights; once the rows' compute dominates (on two
-    /// CPU cores from about 8 rows: `dspark engine-bench`), a wrong guess costs what a right
-    /// one saves (measured with `dspark bench` at concurrency 8: 0.98x-1.01x).
+    /// Draft at all (guesses, and prompt lookup within [`Self::lookup_max_seqs`]) only in
+    /// steps that sample at most this many sequences. A drafted row pays off while a step's
+    /// cost is reading the weights; once the rows' compute dominates (on two CPU cores from
+    /// about 8 rows: `dspark engine-bench`), a wrong guess costs what a right one saves
+    /// (measured with `dspark bench` at concurrency 8: 0.98x-1.01x).
     pub guess_max_seqs: usize,
 }
 
