@@ -27,7 +27,7 @@ use thiserror::Error;
 use super::backend::{Backend, ForwardBatch, KvDtype, KvShape};
 use super::blocks::BlockManager;
 use super::detokenize::OutputText;
-use super::draft::PromptLookup;
+use super::draft::{MAX_LOOKBACK, PromptLookup};
 use super::gguf_tokenizer::ModelTokenizer;
 use super::model::Model;
 use super::sampler::{ParamError, Rng, SamplingParams, TokenHistory, sample};
@@ -296,6 +296,14 @@ pub struct LlmEngine<B: Backend> {
     stats: EngineStats,
 }
 
+/// The tokens a step speculates after a sequence's scheduled ones ([`LlmEngine::draft`]):
+/// the constraint's guess, if any, first, then the prompt-lookup tokens.
+struct Draft {
+    items: Vec<Guess>,
+    /// How many of `items` (at the front) are the constraint's guess: 0 or 1.
+    guessed: usize,
+}
+
 /// A constraint's answer to "which tokens next".
 type MaskResult = anyhow::Result<Option<Mask>>;
 
@@ -461,29 +469,29 @@ impl<B: Backend> LlmEngine<B> {
             return Ok(updates);
         }
         let mut batch = ForwardBatch::default();
-        let mut drafts: HashMap<SeqId, Vec<Guess>> = HashMap::new();
+        let mut drafts: HashMap<SeqId, Draft> = HashMap::new();
         let sampling = plan.scheduled.iter().filter(|s| s.sample).count();
         let (guessing, looking_up) = (sampling <= self.guess_max_seqs, sampling <= self.lookup_max_seqs);
         for s in &plan.scheduled {
-            let draft = if s.sample && guessing { self.draft(s.id, looking_up) } else { Vec::new() };
+            let draft = if s.sample && guessing { self.draft(s.id, looking_up) } else { None };
             let Some(seq) = self.scheduler.get(s.id) else { continue };
             let tokens = &seq.tokens[s.start..s.start + s.len];
-            if draft.is_empty() {
-                batch.push_sequence(tokens, s.start, seq.block_table(), self.block_size, s.sample);
-            } else {
+            if let Some(draft) = draft {
                 // Logits of the last scheduled row (to sample) and of the last row of each
                 // drafted token with its span (the token after it).
                 let mut rows = tokens.to_vec();
                 let mut logits_rows = vec![batch.len() + rows.len() - 1];
-                for item in &draft {
+                for item in &draft.items {
                     rows.push(item.token);
                     rows.extend(&item.forced);
                     logits_rows.push(batch.len() + rows.len() - 1);
                 }
                 batch.push_sequence(&rows, s.start, seq.block_table(), self.block_size, false);
                 batch.logits_rows.extend(logits_rows);
-                self.stats.speculated_tokens += draft.len() as u64;
+                self.stats.speculated_tokens += draft.items.len() as u64;
                 drafts.insert(s.id, draft);
+            } else {
+                batch.push_sequence(tokens, s.start, seq.block_table(), self.block_size, s.sample);
             }
             let prompt_part = seq.prompt_len.saturating_sub(s.start).min(s.len);
             self.stats.prompt_tokens_computed += prompt_part as u64;
@@ -499,8 +507,8 @@ impl<B: Backend> LlmEngine<B> {
             let Some(row) = rows.next() else { break };
             let update = match drafts.remove(&id) {
                 Some(draft) => {
-                    let after: Vec<&mut [f32]> = rows.by_ref().take(draft.len()).collect();
-                    if after.len() < draft.len() {
+                    let after: Vec<&mut [f32]> = rows.by_ref().take(draft.items.len()).collect();
+                    if after.len() < draft.items.len() {
                         break;
                     }
                     self.advance_drafted(id, row, after, masks.remove(&id), draft)
@@ -527,17 +535,17 @@ impl<B: Backend> LlmEngine<B> {
     /// saved), and so on down the draft; the rows after the first miss are dropped and their
     /// cache slots are overwritten later. Outputs are the same either way: a row's results
     /// do not depend on the other rows of its batch.
-    fn draft(&mut self, id: SeqId, with_lookup: bool) -> Vec<Guess> {
-        let mut draft = Vec::new();
+    fn draft(&mut self, id: SeqId, with_lookup: bool) -> Option<Draft> {
         let lookup = self.prompt_lookup.filter(|_| with_lookup);
         if !self.guesses && lookup.is_none() {
-            return draft;
+            return None;
         }
-        let Some(state) = self.requests.get_mut(&id) else { return draft };
-        let Some(seq) = self.scheduler.get(id) else { return draft };
+        let state = self.requests.get_mut(&id)?;
+        let seq = self.scheduler.get(id)?;
         if state.finished_early.is_some() {
-            return draft;
+            return None;
         }
+        let mut draft = Vec::new();
         // Rows beyond the token sampled at the scheduled row, within max_tokens and
         // max_model_len.
         let room = state
@@ -552,6 +560,7 @@ impl<B: Backend> LlmEngine<B> {
             rows += 1 + guess.forced.len();
             draft.push(guess);
         }
+        let guessed = draft.len();
         if let Some(lookup) = lookup
             && rows < room
         {
@@ -560,7 +569,8 @@ impl<B: Backend> LlmEngine<B> {
             if draft.is_empty() {
                 lookup.propose(&seq.tokens, limit, &mut found);
             } else {
-                let mut context = seq.tokens.clone();
+                // The searched window of the sequence, then the guess and its span.
+                let mut context = seq.tokens[seq.tokens.len().saturating_sub(MAX_LOOKBACK)..].to_vec();
                 for g in &draft {
                     context.push(g.token);
                     context.extend(&g.forced);
@@ -570,10 +580,7 @@ impl<B: Backend> LlmEngine<B> {
             rows += found.len();
             draft.extend(found.into_iter().map(|token| Guess { token, forced: Vec::new() }));
         }
-        if rows > 0 && !self.scheduler.reserve_slots(id, rows) {
-            draft.clear();
-        }
-        draft
+        (rows > 0 && self.scheduler.reserve_slots(id, rows)).then_some(Draft { items: draft, guessed })
     }
 
     /// [`Self::advance`] for a sequence fed with a draft (see [`Self::draft`]): samples from
@@ -588,14 +595,14 @@ impl<B: Backend> LlmEngine<B> {
         logits: &mut [f32],
         after: Vec<&mut [f32]>,
         mask: Option<anyhow::Result<Option<Mask>>>,
-        draft: Vec<Guess>,
+        draft: Draft,
     ) -> Option<SequenceUpdate> {
         let mut state = self.requests.remove(&id)?;
         let mut tokens = std::mem::take(&mut state.pending);
         let mut first = tokens.len();
         let mut finish = self.advance_state(id, &mut state, logits, mask, &mut tokens);
-        let mut drawn = 0;
-        for (item, logits) in draft.iter().zip(after) {
+        let mut drawn: usize = 0;
+        for (item, logits) in draft.items.iter().zip(after) {
             if finish.is_some() || tokens.get(first).map(|t| t.token) != Some(item.token) {
                 break;
             }
@@ -610,8 +617,11 @@ impl<B: Backend> LlmEngine<B> {
             first = tokens.len();
             finish = self.advance_state(id, &mut state, logits, None, &mut tokens);
         }
-        if let Some(lookup) = self.prompt_lookup {
-            state.lookup_len = (drawn + 1).min(lookup.max_draft);
+        // Only lookup's own tokens set the length of its next draft, not the guess's.
+        if let Some(lookup) = self.prompt_lookup
+            && draft.items.len() > draft.guessed
+        {
+            state.lookup_len = (drawn.saturating_sub(draft.guessed) + 1).min(lookup.max_draft);
         }
         Some(self.conclude(id, state, tokens, finish))
     }
