@@ -560,6 +560,45 @@ fn path_tree_guesses_save_steps_without_changing_answers() {
 }
 
 #[test]
+fn masked_logits_skip_most_of_the_output_projection_without_changing_answers() {
+    // Two entries over one model, masked logits on and off: greedy and seeded answers, with
+    // their log-probabilities, must be the same byte for byte (a mask makes the skipped
+    // logits -inf anyway), while the masks let the projection skip most of the vocabulary.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("models.yaml");
+    let entry = |name: &str, masked: bool| {
+        format!(
+            "apiVersion: gpustack.gg/v1alpha1\nkind: Model\nmetadata:\n  name: {name}\nspec:\n  source: file:{}\n  engine: dspark\n  config:\n    masked_logits: {masked}\n",
+            smollm2().display()
+        )
+    };
+    std::fs::write(&config, format!("{}---\n{}", entry("masked", true), entry("full", false))).unwrap();
+    let server = Server::start(Path::new(env!("CARGO_BIN_EXE_dspark")), &["--config", config.to_str().unwrap()]);
+    let record = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}, "role": {"enum": ["admin", "user", "guest"]}}, "required": ["name", "age", "role"], "additionalProperties": false});
+    let schema = json!({"type": "object", "properties": {"people": {"type": "array", "items": record, "minItems": 3, "maxItems": 3}}, "required": ["people"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "people", "schema": schema}});
+    for (temperature, seed) in [(0.0, 0), (0.8, 1), (0.8, 2)] {
+        let ask = |model: &str| {
+            let body = json!({"model": model, "messages": [{"role": "user", "content": "List three users with their ages and roles as JSON."}], "temperature": temperature, "seed": seed, "max_tokens": 160, "logprobs": true, "top_logprobs": 3, "response_format": format});
+            post_json(server.addr, "/v1/chat/completions", &body).json()
+        };
+        let (masked, full) = (ask("masked"), ask("full"));
+        assert_eq!(masked["choices"][0]["message"], full["choices"][0]["message"], "T={temperature} seed {seed}");
+        assert_eq!(masked["choices"][0]["logprobs"], full["choices"][0]["logprobs"], "T={temperature} seed {seed}");
+        assert!(masked["choices"][0]["logprobs"]["content"].as_array().is_some_and(|c| !c.is_empty()), "{masked}");
+        if masked["choices"][0]["finish_reason"] == "stop" {
+            assert!(jsonschema::is_valid(&schema, &serde_json::from_str(content(&masked)).unwrap()), "{masked}");
+        }
+    }
+    let rows = metric(server.addr, "dspark_masked_logits_rows_total{model_name=\"masked\"}");
+    let allowed = metric(server.addr, "dspark_masked_logits_allowed_total{model_name=\"masked\"}");
+    let vocab = metric(server.addr, "dspark_masked_logits_vocab_total{model_name=\"masked\"}");
+    assert!(rows > 0.0 && vocab == rows * 49152.0, "rows {rows}, vocab {vocab}");
+    assert!(allowed > 0.0 && allowed < 0.5 * vocab, "allowed {allowed} of {vocab}");
+    assert_eq!(metric(server.addr, "dspark_masked_logits_rows_total{model_name=\"full\"}"), 0.0);
+}
+
+#[test]
 fn seeded_sampling_draws_the_same_with_and_without_guesses() {
     // A guess only computes ahead: the sampler draws the same numbers in the same order, from
     // the same logits, whether the token after a guess is sampled in the guess's step or the

@@ -58,6 +58,12 @@ pub struct EngineConfig {
     /// overlap). Off, each mask is computed at sampling time, synchronously (the classic
     /// path).
     pub overlap_masks: bool,
+    /// With [`Self::overlap_masks`], the output projection waits for the masks and computes
+    /// a sampled row's logits only where its mask allows tokens (whole groups of 16 tokens
+    /// on the CPU; the rest are `-inf`, as the mask makes them anyway), so outputs are
+    /// unchanged. Inside a JSON structure a mask allows a few dozen tokens and most of the
+    /// projection is skipped. vLLM and the classic path compute every logit and mask after.
+    pub masked_logits: bool,
     /// Feed constraints' guesses of the next token ahead of sampling (see
     /// `LlmEngine::draft`).
     pub guesses: bool,
@@ -90,6 +96,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             kv_cache_dtype: KvDtype::F16,
             overlap_masks: true,
+            masked_logits: true,
             guesses: true,
             prompt_lookup: None,
             lookup_max_seqs: 1,
@@ -255,6 +262,14 @@ pub struct EngineStats {
     pub speculated_tokens: u64,
     /// Drafted tokens that sampling then drew: each saved a step.
     pub speculated_accepted: u64,
+    /// Logits rows whose output projection was computed under their mask
+    /// ([`EngineConfig::masked_logits`]).
+    pub masked_logits_rows: u64,
+    /// Of those rows' vocabulary entries, how many their masks allow (the share of the
+    /// projection a backend skipping whole disallowed columns could not skip).
+    pub masked_logits_allowed: u64,
+    /// Those rows' vocabulary entries in all.
+    pub masked_logits_vocab: u64,
 }
 
 struct RequestState {
@@ -288,6 +303,7 @@ pub struct LlmEngine<B: Backend> {
     max_model_len: usize,
     block_size: usize,
     overlap_masks: bool,
+    masked_logits: bool,
     guesses: bool,
     prompt_lookup: Option<PromptLookup>,
     lookup_max_seqs: usize,
@@ -368,6 +384,7 @@ impl<B: Backend> LlmEngine<B> {
             max_model_len,
             block_size: config.block_size,
             overlap_masks: config.overlap_masks,
+            masked_logits: config.masked_logits,
             guesses: config.guesses,
             prompt_lookup: config.prompt_lookup,
             lookup_max_seqs: config.lookup_max_seqs,
@@ -469,6 +486,9 @@ impl<B: Backend> LlmEngine<B> {
             return Ok(updates);
         }
         let mut batch = ForwardBatch::default();
+        // The sequence whose mask applies to each logits row: a sampled row, not the rows
+        // after a draft's tokens (their constraint state is not known yet).
+        let mut masked_rows: Vec<Option<SeqId>> = Vec::new();
         let mut drafts: HashMap<SeqId, Draft> = HashMap::new();
         let sampling = plan.scheduled.iter().filter(|s| s.sample).count();
         let (guessing, looking_up) = (sampling <= self.guess_max_seqs, sampling <= self.lookup_max_seqs);
@@ -487,17 +507,22 @@ impl<B: Backend> LlmEngine<B> {
                     logits_rows.push(batch.len() + rows.len() - 1);
                 }
                 batch.push_sequence(&rows, s.start, seq.block_table(), self.block_size, false);
+                masked_rows.push(Some(s.id));
+                masked_rows.extend(std::iter::repeat_n(None, logits_rows.len() - 1));
                 batch.logits_rows.extend(logits_rows);
                 self.stats.speculated_tokens += draft.items.len() as u64;
                 drafts.insert(s.id, draft);
             } else {
                 batch.push_sequence(tokens, s.start, seq.block_table(), self.block_size, s.sample);
+                if s.sample {
+                    masked_rows.push(Some(s.id));
+                }
             }
             let prompt_part = seq.prompt_len.saturating_sub(s.start).min(s.len);
             self.stats.prompt_tokens_computed += prompt_part as u64;
         }
         let sampled: Vec<SeqId> = plan.scheduled.iter().filter(|s| s.sample).map(|s| s.id).collect();
-        let (logits, mut masks) = self.forward_with_masks(&batch, &sampled);
+        let (logits, mut masks) = self.forward_with_masks(&batch, &sampled, &masked_rows);
         let mut logits = logits?;
         self.stats.steps += 1;
         self.scheduler.complete(&plan);
@@ -628,11 +653,14 @@ impl<B: Backend> LlmEngine<B> {
 
     /// Runs the forward pass; with overlap on, the masks of the sequences about to be sampled
     /// are computed meanwhile on worker threads (a constraint's mask does not depend on the
-    /// logits). The time spent waiting for masks after the forward pass is counted.
+    /// logits). The time spent waiting for masks before the output projection is counted.
+    /// With [`EngineConfig::masked_logits`] the projection then computes each row of
+    /// `masked_rows` (the sequence whose mask applies to each logits row) under that mask.
     fn forward_with_masks(
         &mut self,
         batch: &ForwardBatch,
         sampled: &[SeqId],
+        masked_rows: &[Option<SeqId>],
     ) -> (anyhow::Result<Vec<f32>>, HashMap<SeqId, MaskResult>) {
         let mut jobs: Vec<(SeqId, Box<dyn SequenceConstraint>)> = Vec::new();
         if self.overlap_masks {
@@ -647,25 +675,40 @@ impl<B: Backend> LlmEngine<B> {
         }
         let job_ids: Vec<SeqId> = jobs.iter().map(|(id, _)| *id).collect();
         let per_thread = jobs.len().div_ceil(self.mask_threads.max(1));
+        let masked_logits = self.masked_logits;
         let (model, cache) = (&self.model, &mut self.cache);
-        let (logits, done, waited) = std::thread::scope(|scope| {
+        let (logits, (done, waited)) = std::thread::scope(|scope| {
             let mut workers = Vec::new();
             while !jobs.is_empty() {
                 let chunk: Vec<_> = jobs.drain(..per_thread.min(jobs.len())).collect();
                 workers.push(scope.spawn(move || chunk.into_iter().map(compute_mask).collect::<Vec<Precomputed>>()));
             }
-            let logits = model.forward(batch, cache);
-            let waiting = Instant::now();
-            // `compute_mask` catches panics, so a worker only fails to join if it could not
-            // run at all; its sequences then end with an error (their constraints are gone).
-            let done: Vec<Precomputed> = workers.into_iter().filter_map(|w| w.join().ok()).flatten().collect();
-            (logits, done, waiting.elapsed())
+            model.forward_masked(batch, cache, move || {
+                let waiting = Instant::now();
+                // `compute_mask` catches panics, so a worker only fails to join if it could
+                // not run at all; its sequences then end with an error (their constraints
+                // are gone).
+                let done: Vec<Precomputed> = workers.into_iter().filter_map(|w| w.join().ok()).flatten().collect();
+                let waited = waiting.elapsed();
+                let row_masks = if masked_logits {
+                    let of = |id: SeqId| done.iter().find(|d| d.0 == id).and_then(|d| d.2.as_ref().ok()?.clone());
+                    masked_rows.iter().map(|row| row.and_then(of)).collect()
+                } else {
+                    Vec::new()
+                };
+                ((done, waited), row_masks)
+            })
         });
         self.count_mask_wait(waited, done.len());
         let mut masks = HashMap::new();
         for (id, constraint, mask) in done {
             if let Some(r) = self.requests.get_mut(&id) {
                 r.constraint = Some(constraint);
+                if masked_logits && let Ok(Some(mask)) = &mask {
+                    self.stats.masked_logits_rows += 1;
+                    self.stats.masked_logits_vocab += self.model.config().vocab_size as u64;
+                    self.stats.masked_logits_allowed += allowed_tokens(mask, self.model.config().vocab_size);
+                }
                 masks.insert(id, mask);
             }
         }
@@ -818,6 +861,16 @@ impl<B: Backend> LlmEngine<B> {
         }
         None
     }
+}
+
+/// Tokens below `vocab` that `mask` allows.
+fn allowed_tokens(mask: &[u32], vocab: usize) -> u64 {
+    let full = vocab / 32;
+    let mut allowed: u64 = mask.iter().take(full).map(|w| u64::from(w.count_ones())).sum();
+    if let Some(last) = mask.get(full).filter(|_| !vocab.is_multiple_of(32)) {
+        allowed += u64::from((last & ((1u32 << (vocab % 32)) - 1)).count_ones());
+    }
+    allowed
 }
 
 /// Computes one constraint's mask, turning a panic into an error.

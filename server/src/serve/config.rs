@@ -85,6 +85,11 @@ pub struct EntryConfig {
     /// Outputs are the same either way.
     #[serde(default = "yes")]
     pub speculate: bool,
+    /// With `dspark`, compute a constrained row's logits only where its mask allows tokens
+    /// (the output projection waits for the mask, which overlaps the rest of the pass).
+    /// Outputs are the same either way.
+    #[serde(default = "yes")]
+    pub masked_logits: bool,
     /// Prompt lookup (vLLM's `ngram` speculative method): per step, draft up to this many
     /// tokens from what followed the sequence's last tokens where they occurred before in its
     /// prompt or output (an extraction answer copies ids and names from its prompt), feed

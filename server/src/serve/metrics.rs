@@ -108,6 +108,12 @@ pub struct ModelMetrics {
     pub speculated_tokens: Counter,
     /// Drafted tokens that sampling then drew (a step saved each).
     pub speculated_accepted: Counter,
+    /// Logits rows computed under their constraint's mask.
+    pub masked_logits_rows: Counter,
+    /// Of those rows' vocabulary entries, the ones their masks allowed.
+    pub masked_logits_allowed: Counter,
+    /// Those rows' vocabulary entries in all.
+    pub masked_logits_vocab: Counter,
     /// Time per plugin mask call.
     pub mask_seconds: Mutex<Histogram>,
     /// Time per constraint compilation.
@@ -142,6 +148,9 @@ impl ModelMetrics {
             forced_tokens: Counter::default(),
             speculated_tokens: Counter::default(),
             speculated_accepted: Counter::default(),
+            masked_logits_rows: Counter::default(),
+            masked_logits_allowed: Counter::default(),
+            masked_logits_vocab: Counter::default(),
             mask_seconds: Mutex::new(Histogram::new(CALL_BUCKETS)),
             compile_seconds: Mutex::new(Histogram::new(CALL_BUCKETS)),
             validation_failures: Counter::default(),
@@ -211,6 +220,18 @@ impl Metrics {
         );
         counter(&mut out, "dspark_speculated_accepted_total", "Drafted tokens that sampling drew.", &|m| {
             m.speculated_accepted.get()
+        });
+        counter(&mut out, "dspark_masked_logits_rows_total", "Logits rows computed under their mask.", &|m| {
+            m.masked_logits_rows.get()
+        });
+        counter(
+            &mut out,
+            "dspark_masked_logits_allowed_total",
+            "Vocabulary entries those masks allowed (the rest need no logit).",
+            &|m| m.masked_logits_allowed.get(),
+        );
+        counter(&mut out, "dspark_masked_logits_vocab_total", "Vocabulary entries of those rows.", &|m| {
+            m.masked_logits_vocab.get()
         });
         counter(&mut out, "dspark_path_tree_hits_total", "Constraint answers served by the path tree.", &|m| {
             m.path_tree_hits.get()

@@ -86,6 +86,7 @@ impl Worker {
             prefix_caching: config.prefix_caching,
             // DSpark's overlap; `dspark: false` computes each mask at sampling.
             overlap_masks: config.dspark,
+            masked_logits: config.dspark && config.masked_logits,
             guesses: config.dspark && config.speculate,
             prompt_lookup: config.prompt_lookup(),
             ..EngineConfig::default()
@@ -190,6 +191,9 @@ fn report(engine: &LlmEngine<CpuBackend>, metrics: &ModelMetrics, seen: &mut Eng
     metrics.forced_tokens.add(stats.forced_tokens - seen.forced_tokens);
     metrics.speculated_tokens.add(stats.speculated_tokens - seen.speculated_tokens);
     metrics.speculated_accepted.add(stats.speculated_accepted - seen.speculated_accepted);
+    metrics.masked_logits_rows.add(stats.masked_logits_rows - seen.masked_logits_rows);
+    metrics.masked_logits_allowed.add(stats.masked_logits_allowed - seen.masked_logits_allowed);
+    metrics.masked_logits_vocab.add(stats.masked_logits_vocab - seen.masked_logits_vocab);
     metrics.preemptions.add(stats.preemptions - seen.preemptions);
     metrics.masks.add(stats.masks - seen.masks);
     metrics.mask_wait_us.add((stats.mask_wait_ns / 1000).saturating_sub(seen.mask_wait_ns / 1000));

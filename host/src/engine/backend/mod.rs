@@ -228,6 +228,21 @@ pub trait Backend: Send + Sync + 'static {
     ) -> anyhow::Result<Vec<Self::Tensor>> {
         weights.iter().map(|(w, bias)| self.linear(x, w, *bias)).collect()
     }
+    /// `x @ weight^T` for the output projection, where row `r` needs only the columns that
+    /// `masks[r]` allows: a token mask in the plugins' bitset layout (bit `i % 32` of word
+    /// `i / 32` allows column `i`; columns past its end are ruled out), `None` for every
+    /// column. A column a mask rules out holds `-inf` or its true value, so callers still
+    /// apply the mask; a column it allows holds exactly what [`Self::linear`] gives. The
+    /// default computes every column.
+    fn linear_masked(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Matrix,
+        masks: &[Option<&[u32]>],
+    ) -> anyhow::Result<Self::Tensor> {
+        let _ = masks;
+        self.linear(x, weight, None)
+    }
     /// `x += y`.
     fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> anyhow::Result<()>;
     /// `silu(gate) * up`.

@@ -142,6 +142,27 @@ impl<B: Backend> Llama<B> {
 
     /// One forward pass over `batch`; see the module docs for the math.
     pub fn forward(&self, batch: &ForwardBatch, cache: &mut B::KvCache) -> anyhow::Result<Vec<f32>> {
+        let hidden = self.forward_hidden(batch, cache)?;
+        self.logits(&hidden, &[])
+    }
+
+    /// The logits of `hidden` (from [`Self::forward_hidden`]), row-major. Where `masks[r]`
+    /// is given, row `r` needs only the logits of the tokens it allows and the backend may
+    /// skip the others (`-inf`; see [`Backend::linear_masked`]); `masks` may be empty.
+    pub fn logits(&self, hidden: &B::Tensor, masks: &[Option<&[u32]>]) -> anyhow::Result<Vec<f32>> {
+        let b = &self.backend;
+        let output = self.output.as_ref().unwrap_or(&self.embedding);
+        let logits = if masks.iter().any(Option::is_some) {
+            b.linear_masked(hidden, output, masks)?
+        } else {
+            b.linear(hidden, output, None)?
+        };
+        b.to_host(&logits)
+    }
+
+    /// A forward pass up to the output projection: writes the batch's K/V and returns the
+    /// final-normed rows `batch.logits_rows`.
+    pub fn forward_hidden(&self, batch: &ForwardBatch, cache: &mut B::KvCache) -> anyhow::Result<B::Tensor> {
         let b = &self.backend;
         let c = &self.config;
         let heads = AttentionHeads { heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim };
@@ -171,8 +192,6 @@ impl<B: Backend> Llama<B> {
             b.add_assign(&mut x, &b.linear(&gated, &block.w_down, None)?)?;
         }
         let last = b.select_rows(&x, &batch.logits_rows)?;
-        let normed = b.rms_norm(&last, &self.output_norm, c.rms_eps)?;
-        let logits = b.linear(&normed, self.output.as_ref().unwrap_or(&self.embedding), None)?;
-        b.to_host(&logits)
+        b.rms_norm(&last, &self.output_norm, c.rms_eps)
     }
 }

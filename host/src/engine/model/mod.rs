@@ -10,6 +10,8 @@
 pub mod llama;
 pub mod qwen2;
 
+use std::sync::Arc;
+
 use anyhow::bail;
 
 use super::backend::{Backend, ForwardBatch, RopeLayout};
@@ -127,5 +129,25 @@ impl<B: Backend> Model<B> {
         // forked from a worker (work stealing between spinning threads) and not injected from
         // outside the pool (a futex wake-up and sleep per section).
         rayon::scope(|_| self.decoder.forward(batch, cache))
+    }
+
+    /// [`Self::forward`] whose output projection first waits for `masks`: called once the
+    /// pass reaches the output projection, it returns a value handed back beside the logits
+    /// and, for each logits row, the token mask sampling will apply to it (or `None`; the list
+    /// may be empty). A masked row's logits are computed only where the backend can tell its
+    /// mask rules them out cheaply; the ruled-out ones are `-inf` or their true value, and
+    /// every allowed one is exactly what [`Self::forward`] gives.
+    pub fn forward_masked<T: Send>(
+        &self,
+        batch: &ForwardBatch,
+        cache: &mut B::KvCache,
+        masks: impl FnOnce() -> (T, Vec<Option<Arc<[u32]>>>) + Send,
+    ) -> (anyhow::Result<Vec<f32>>, T) {
+        rayon::scope(|_| {
+            let hidden = self.decoder.forward_hidden(batch, cache);
+            let (value, masks) = masks();
+            let masks: Vec<Option<&[u32]>> = masks.iter().map(Option::as_deref).collect();
+            (hidden.and_then(|h| self.decoder.logits(&h, &masks)), value)
+        })
     }
 }
