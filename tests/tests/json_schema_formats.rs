@@ -206,3 +206,73 @@ fn exact_formats_agree_with_the_jsonschema_crate_on_random_strings() {
         assert!((100..3900).contains(&accepted), "{format}: {accepted} of 4000 mutations valid");
     }
 }
+
+#[test]
+fn regex_values_follow_the_ecma_syntax_but_for_deep_groups_and_back_references() {
+    let schema = json!({ "type": "string", "format": "regex" });
+    let (rec, warnings) = compile_recognizer("json-schema", &schema.to_string(), "{}").unwrap();
+    assert_eq!(warnings.len(), 1, "approximated: {warnings:?}");
+    let validator = jsonschema::options().should_validate_formats(true).build(&schema).unwrap();
+    let ours = |text: &str| rec.matches(Value::String(text.to_string()).to_string().as_bytes());
+    let theirs = |text: &str| validator.is_valid(&Value::String(text.to_string()));
+    let nine_deep = format!("{}a{}", "(".repeat(9), ")".repeat(9));
+    let eight_deep = format!("{}a{}", "(".repeat(8), ")".repeat(8));
+    for text in [
+        "",
+        "^[a-z]+$",
+        r"\d{3}-\d{4}",
+        "(a|b)*c",
+        "[[]",
+        r"[\]]",
+        "[(]",
+        r"\(",
+        "(?:a(?<n>b)(?=c))",
+        "^(https?://)?[\\w.-]+(/[^\\s]*)?$",
+        "a*?",
+        "()",
+        "[]",
+        "[^]",
+        r"\u{41}",
+        r"\p{L}",
+        "a||b",
+        "(?<=a)b",
+        "(?!)",
+        "x{2,}y{1,3}?",
+        &eight_deep,
+    ] {
+        assert!(theirs(text), "a valid regex: {text:?}");
+        assert!(ours(text), "written: {text:?}");
+    }
+    for text in [
+        "[", "(a", "a)", "a\\", "[a-z", "((a)", "a)(", "[\\]", "a]b", "a{", "a}", "{2}", "*a", "a**", "a+*", "\\q",
+        "a|*", "(*)", "^*", "?", "(?", "\\b*", "(?x)",
+    ] {
+        assert!(!theirs(text), "not a regex: {text:?}");
+        assert!(!ours(text), "refused: {text:?}");
+    }
+    assert!(theirs("(a)\\1") && !ours("(a)\\1"), "back references are not written");
+    assert!(theirs(&nine_deep) && !ours(&nine_deep), "groups nested deeper than 8 are not written");
+
+    // Never a valid regex refused (within the depth, which short strings keep): random
+    // strings over the characters that make the structure.
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let chars: Vec<char> = "()[]\\a|*^?".chars().collect();
+    let (mut valid, mut refused_invalid) = (0, 0);
+    for _ in 0..4000 {
+        let len = (next() % 9) as usize;
+        let text: String = (0..len).map(|_| chars[(next() % chars.len() as u64) as usize]).collect();
+        if theirs(&text) {
+            valid += 1;
+            assert!(ours(&text), "a valid regex refused: {text:?}");
+        } else if !ours(&text) {
+            refused_invalid += 1;
+        }
+    }
+    assert!(valid > 300 && refused_invalid > 1000, "{valid} valid, {refused_invalid} invalid refused");
+}

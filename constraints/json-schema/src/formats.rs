@@ -62,6 +62,39 @@ fn uri(absolute: bool) -> String {
     format!("{absolute_uri}|{relative}")
 }
 
+/// Group nesting the `regex` format's pattern follows; deeper groups are not written.
+pub const REGEX_DEPTH: usize = 8;
+
+/// ECMA-262 regular expression syntax (Unicode mode, as the `jsonschema` crate checks it),
+/// with groups at most [`REGEX_DEPTH`] deep (nesting is not a regular language; a bound
+/// makes it one). Written: pattern characters (not `^$\.*+?()[]{}|`), `.`, escapes
+/// (character classes, controls, `\x`, `\u`, `\u{..}`, `\p{..}`, escaped syntax
+/// characters), character classes (in a class everything but `]` and `\` is plain; the same
+/// escapes and `\b`, `\-`), groups (`(?:`, `(?<name>`, lookarounds) and the assertions `^`,
+/// `$`, `\b`, `\B`; a quantifier (`*`, `+`, `?`, `{n}`, `{n,}`, `{n,m}`, then an optional
+/// `?`) only after an atom or a group. Not checked: class ranges in order, `n <= m`, group
+/// names unique, a quantified lookaround, `\0` before a digit. Never written: back
+/// references (they need the group count).
+fn regex_syntax() -> String {
+    let hex = "[0-9A-Fa-f]";
+    let common = format!(
+        r"c[A-Za-z]|x{hex}{{2}}|u{hex}{{4}}|u\{{{hex}+\}}|[pP]\{{[A-Za-z_=]+\}}|[\^$\\.*+?()\[\]{{}}|/]|[dDwWsSfnrtv0]"
+    );
+    let escape = format!(r"\\(?:{common})");
+    let class = format!(r"\[\^?(?:[^\]\\]|\\(?:{common}|[b\-]))*\]");
+    let plain = r"[^\^$\\.*+?()\[\]{}|]";
+    let quantifier = r"(?:[*+?]|\{[0-9]+(?:,[0-9]*)?\})\??";
+    let assertion = r"\^|\$|\\[bB]";
+    let group_prefix = r"\?:|\?<[A-Za-z_$][A-Za-z0-9_$]*>|\?=|\?!|\?<=|\?<!";
+    let term = |group: &str| format!(r"(?:{plain}|\.|{escape}|{class}{group})(?:{quantifier})?|{assertion}|\|");
+    let mut disjunction = format!("(?:{})*", term(""));
+    for _ in 0..REGEX_DEPTH {
+        let group = format!(r"|\((?:{group_prefix})?{disjunction}\)");
+        disjunction = format!("(?:{})*", term(&group));
+    }
+    disjunction
+}
+
 /// The most characters a value of `format` has (`u32::MAX`: no limit).
 pub fn max_len(format: &str) -> u32 {
     match format {
@@ -75,6 +108,11 @@ pub fn approximation(format: &str) -> &'static str {
     match format {
         "hostname" => "strictly: IDNA labels (`xn--` and Punycode) are not written, all others are",
         "email" => "by a pattern: a dot-atom local part, a hostname domain (no quoted or IP forms)",
+        "regex" => {
+            "by its syntax, with groups at most 8 deep and no back references (not written); class \
+             ranges, quantifier bounds, duplicate group names and quantified lookarounds are not \
+             checked"
+        }
         _ => "by a pattern",
     }
 }
@@ -102,6 +140,7 @@ pub fn pattern(format: &str) -> Option<(String, bool)> {
         "iri-reference" | "uri-template" => (r"[^\s<>\x22{}|\\^`]*".to_string(), false),
         "iri" => (r"[A-Za-z][A-Za-z0-9+.-]*:[^\s<>\x22]*".to_string(), false),
         "json-pointer" => (r"(/([^~/]|~[01])*)*".to_string(), true),
+        "regex" => (regex_syntax(), false),
         _ => return None,
     })
 }

@@ -66,8 +66,9 @@ struct Stats {
     trapped: Vec<String>,
     /// Some valid instances that were rejected.
     rejected: Vec<String>,
-    /// Some invalid instances accepted by a schema compiled without a warning.
-    accepted_unwarned: Vec<String>,
+    /// Some invalid instances that were accepted, those under a schema compiled without a
+    /// warning (exactness bugs) first.
+    accepted_invalid: Vec<(bool, String)>,
 }
 
 /// Files under `dir` ending in `.json`, sorted, recursively.
@@ -329,12 +330,9 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                 (false, true) => {
                     s.invalid_accepted += 1;
                     *s.invalid_accepted_by_warning.entry(warned.clone()).or_default() += 1;
-                    if warned == "none" && s.accepted_unwarned.len() < 8 {
-                        s.accepted_unwarned.push(format!(
-                            "{}: {}",
-                            s.current,
-                            text.chars().take(160).collect::<String>()
-                        ));
+                    if s.accepted_invalid.len() < 16 {
+                        let line = format!("{} ({warned}): {}", s.current, text.chars().take(160).collect::<String>());
+                        s.accepted_invalid.push((warned != "none", line));
                     }
                 }
             }
@@ -377,8 +375,9 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         );
         println!("invalid instances  rejected {} accepted {}", s.invalid_rejected, s.invalid_accepted);
         println!("  accepted under   {}", serde_json::to_string(&report["invalid_accepted_by_warning"])?);
-        for a in &s.accepted_unwarned {
-            println!("  accepted, no warning {a}");
+        s.accepted_invalid.sort_by_key(|(warned, _)| *warned);
+        for (warned, a) in &s.accepted_invalid {
+            println!("  accepted{} {a}", if *warned { "" } else { ", no warning" });
         }
         println!("compile ms         {}", serde_json::to_string(&report["compile_ms"])?);
         println!("mask µs            {}", serde_json::to_string(&report["mask_us"])?);
