@@ -424,6 +424,27 @@ impl TreeWalker {
         lock(&self.tree).guess(self.key)
     }
 
+    /// What the tree knows of the states after `draft` (tokens, each with the forced span
+    /// expected after it, from the current state): entry `i` is the cached mask of the state
+    /// after token `i` and its span (`None`: every token allowed). Stops at the first edge or
+    /// mask not cached, an edge whose span differs from the one expected, or one that ends the
+    /// sequence. Asks nothing of the plugin and counts no hit or miss.
+    pub fn masks_after<'a>(&self, draft: impl IntoIterator<Item = (u32, &'a [u32])>) -> Vec<Option<Mask>> {
+        let tree = lock(&self.tree);
+        let mut key = self.key;
+        let mut masks = Vec::new();
+        for (token, forced) in draft {
+            let Some(edge) = tree.nodes.get(&key).and_then(|n| n.edges.get(&token)) else { break };
+            if edge.stop || *edge.forced != *forced {
+                break;
+            }
+            let Some(mask) = tree.nodes.get(&edge.next).and_then(|n| n.mask.clone()) else { break };
+            masks.push(mask);
+            key = edge.next;
+        }
+        masks
+    }
+
     /// Brings the matcher to the walker's state: starts it, replays the sampled tokens (the
     /// plugin advances over their forced spans itself) and adopts the plugin's key.
     fn sync(&mut self, source: &mut dyn StateSource) -> anyhow::Result<()> {

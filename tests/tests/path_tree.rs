@@ -168,3 +168,53 @@ fn masks_and_spans_are_identical_with_and_without_the_tree() {
         instance.drop_compiled(compiled).unwrap();
     }
 }
+
+#[test]
+fn the_tree_knows_the_masks_after_a_walked_path() {
+    // What lets the engine compute only the allowed logits of drafted rows: after a path was
+    // walked, the tree gives the masks of the states down a draft of its tokens, exactly as
+    // they were, and nothing past a token or span it has not seen.
+    let fixture = Fixture::new(&[builtin_plugin("json-schema")], |_| {});
+    let tok = Arc::new(HfTokenizer::from_file(&tokenizer_json("llama3"), None).unwrap());
+    let vocab = tok.table().vocab_size();
+    let canonical: Arc<dyn CanonicalTokenizer> = tok.clone();
+    let plugin = fixture.registry.get("json-schema").unwrap();
+    let mut instance = plugin.instantiate(tok.table().clone(), canonical).unwrap();
+    let compiled = instance.compile("json-schema", SCHEMAS[0], "").unwrap();
+    let tree: SharedTree = Arc::new(Mutex::new(PathTree::new(256 << 20)));
+    let mut known = 0;
+    for seed in 1..=4u64 {
+        let (trace, _, _) = generation(&mut instance, &compiled, &tree, vocab, seed);
+        let mut source = Direct { instance: &mut instance, compiled: &compiled, matcher: None, width: vocab, calls: 0 };
+        let mut walker = TreeWalker::new(tree.clone());
+        walker.start(&mut source).unwrap();
+        for i in 0..trace.len() {
+            let draft: Vec<(u32, &[u32])> =
+                trace[i..(i + 3).min(trace.len())].iter().map(|s| (s.1, &s.2[..])).collect();
+            let expected: Vec<Option<Mask>> = (0..draft.len())
+                .take_while(|&j| i + j + 1 < trace.len() && !trace[i + j].3)
+                .map(|j| trace[i + j + 1].0.clone())
+                .collect();
+            // Past the trace's last step (the length cap) the state may be known from another
+            // walk that reached it.
+            let got = walker.masks_after(draft.iter().copied());
+            assert!(got.len() >= expected.len() && got.len() <= draft.len(), "seed {seed}, step {i}: {}", got.len());
+            assert!(got[..expected.len()] == expected[..], "seed {seed}, step {i}: other masks");
+            known += expected.len();
+            // A span other than the one the tree saw, or a token never taken: nothing known.
+            let (token, forced) = draft[0];
+            let other_span: Vec<u32> = if forced.is_empty() { vec![token] } else { Vec::new() };
+            assert!(walker.masks_after([(token, &other_span[..])]).is_empty(), "seed {seed}, step {i}");
+            let untaken =
+                allowed(&trace[i].0, vocab).into_iter().find(|&t| lock(&tree).edge(walker.key(), t).is_none());
+            if let Some(t) = untaken {
+                assert!(walker.masks_after([(t, &[][..])]).is_empty(), "seed {seed}, step {i}");
+            }
+            walker.mask(&mut source).unwrap();
+            walker.commit(&mut source, trace[i].1).unwrap();
+        }
+        assert_eq!(source.calls, 0, "the walk was known");
+    }
+    assert!(known > 100, "only {known} masks known down drafts");
+    instance.drop_compiled(compiled).unwrap();
+}

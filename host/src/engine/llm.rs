@@ -121,6 +121,15 @@ pub trait SequenceConstraint: Send {
     fn guess(&mut self) -> Option<Guess> {
         None
     }
+    /// The masks of the states after `draft`'s tokens (each with its expected forced span),
+    /// as far as they are known without asking the plugin (DSpark's path tree): entry `i` is
+    /// the mask sampling will apply after token `i` if it is drawn with that span (`None`:
+    /// every token). Shorter than `draft` where a state is not known; empty by default. The
+    /// engine computes only the logits those masks allow in the drafted rows.
+    fn masks_after(&mut self, draft: &[Guess]) -> Vec<Option<Mask>> {
+        let _ = draft;
+        Vec::new()
+    }
 }
 
 /// A constraint's guess of the next token ([`SequenceConstraint::guess`]).
@@ -318,6 +327,19 @@ struct Draft {
     items: Vec<Guess>,
     /// How many of `items` (at the front) are the constraint's guess: 0 or 1.
     guessed: usize,
+    /// The masks after the first items, where the constraint knows them
+    /// ([`SequenceConstraint::masks_after`]).
+    masks_after: Vec<Option<Mask>>,
+}
+
+/// Whose mask applies to a logits row ([`EngineConfig::masked_logits`]).
+enum RowMask {
+    /// No mask is known: every logit is computed.
+    Unknown,
+    /// A sampled row: the mask its sequence's worker computes during the pass.
+    Sampled(SeqId),
+    /// A row after a drafted token, whose mask the constraint already knew.
+    Known(Option<Mask>),
 }
 
 /// A constraint's answer to "which tokens next".
@@ -488,7 +510,7 @@ impl<B: Backend> LlmEngine<B> {
         let mut batch = ForwardBatch::default();
         // The sequence whose mask applies to each logits row: a sampled row, not the rows
         // after a draft's tokens (their constraint state is not known yet).
-        let mut masked_rows: Vec<Option<SeqId>> = Vec::new();
+        let mut masked_rows: Vec<RowMask> = Vec::new();
         let mut drafts: HashMap<SeqId, Draft> = HashMap::new();
         let sampling = plan.scheduled.iter().filter(|s| s.sample).count();
         let (guessing, looking_up) = (sampling <= self.guess_max_seqs, sampling <= self.lookup_max_seqs);
@@ -507,15 +529,17 @@ impl<B: Backend> LlmEngine<B> {
                     logits_rows.push(batch.len() + rows.len() - 1);
                 }
                 batch.push_sequence(&rows, s.start, seq.block_table(), self.block_size, false);
-                masked_rows.push(Some(s.id));
-                masked_rows.extend(std::iter::repeat_n(None, logits_rows.len() - 1));
+                masked_rows.push(RowMask::Sampled(s.id));
+                let known = draft.masks_after.iter().take(logits_rows.len() - 1);
+                masked_rows.extend(known.map(|m| RowMask::Known(m.clone())));
+                masked_rows.resize_with(batch.logits_rows.len() + logits_rows.len(), || RowMask::Unknown);
                 batch.logits_rows.extend(logits_rows);
                 self.stats.speculated_tokens += draft.items.len() as u64;
                 drafts.insert(s.id, draft);
             } else {
                 batch.push_sequence(tokens, s.start, seq.block_table(), self.block_size, s.sample);
                 if s.sample {
-                    masked_rows.push(Some(s.id));
+                    masked_rows.push(RowMask::Sampled(s.id));
                 }
             }
             let prompt_part = seq.prompt_len.saturating_sub(s.start).min(s.len);
@@ -605,7 +629,14 @@ impl<B: Backend> LlmEngine<B> {
             rows += found.len();
             draft.extend(found.into_iter().map(|token| Guess { token, forced: Vec::new() }));
         }
-        (rows > 0 && self.scheduler.reserve_slots(id, rows)).then_some(Draft { items: draft, guessed })
+        if rows == 0 || !self.scheduler.reserve_slots(id, rows) {
+            return None;
+        }
+        let masks_after = match state.constraint.as_mut() {
+            Some(c) if self.masked_logits && self.overlap_masks => c.masks_after(&draft),
+            _ => Vec::new(),
+        };
+        Some(Draft { items: draft, guessed, masks_after })
     }
 
     /// [`Self::advance`] for a sequence fed with a draft (see [`Self::draft`]): samples from
@@ -660,7 +691,7 @@ impl<B: Backend> LlmEngine<B> {
         &mut self,
         batch: &ForwardBatch,
         sampled: &[SeqId],
-        masked_rows: &[Option<SeqId>],
+        masked_rows: &[RowMask],
     ) -> (anyhow::Result<Vec<f32>>, HashMap<SeqId, MaskResult>) {
         let mut jobs: Vec<(SeqId, Box<dyn SequenceConstraint>)> = Vec::new();
         if self.overlap_masks {
@@ -692,7 +723,14 @@ impl<B: Backend> LlmEngine<B> {
                 let waited = waiting.elapsed();
                 let row_masks = if masked_logits {
                     let of = |id: SeqId| done.iter().find(|d| d.0 == id).and_then(|d| d.2.as_ref().ok()?.clone());
-                    masked_rows.iter().map(|row| row.and_then(of)).collect()
+                    masked_rows
+                        .iter()
+                        .map(|row| match row {
+                            RowMask::Unknown => None,
+                            RowMask::Sampled(id) => of(*id),
+                            RowMask::Known(mask) => mask.clone(),
+                        })
+                        .collect()
                 } else {
                     Vec::new()
                 };
@@ -700,14 +738,24 @@ impl<B: Backend> LlmEngine<B> {
             })
         });
         self.count_mask_wait(waited, done.len());
+        let vocab = self.model.config().vocab_size;
+        if masked_logits {
+            for row in masked_rows {
+                if let RowMask::Known(Some(mask)) = row {
+                    self.stats.masked_logits_rows += 1;
+                    self.stats.masked_logits_vocab += vocab as u64;
+                    self.stats.masked_logits_allowed += allowed_tokens(mask, vocab);
+                }
+            }
+        }
         let mut masks = HashMap::new();
         for (id, constraint, mask) in done {
             if let Some(r) = self.requests.get_mut(&id) {
                 r.constraint = Some(constraint);
                 if masked_logits && let Ok(Some(mask)) = &mask {
                     self.stats.masked_logits_rows += 1;
-                    self.stats.masked_logits_vocab += self.model.config().vocab_size as u64;
-                    self.stats.masked_logits_allowed += allowed_tokens(mask, self.model.config().vocab_size);
+                    self.stats.masked_logits_vocab += vocab as u64;
+                    self.stats.masked_logits_allowed += allowed_tokens(mask, vocab);
                 }
                 masks.insert(id, mask);
             }

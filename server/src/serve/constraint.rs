@@ -505,6 +505,13 @@ impl SequenceConstraint for PluginConstraint {
             Mode::Classic { .. } => None,
         }
     }
+
+    fn masks_after(&mut self, draft: &[Guess]) -> Vec<Option<Mask>> {
+        match &self.mode {
+            Mode::Tree(walker) => walker.masks_after(draft.iter().map(|g| (g.token, g.forced.as_slice()))),
+            Mode::Classic { .. } => Vec::new(),
+        }
+    }
 }
 
 impl Drop for PluginConstraint {
