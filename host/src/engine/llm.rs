@@ -61,7 +61,8 @@ pub struct EngineConfig {
     /// With [`Self::overlap_masks`], the output projection waits for the masks and computes
     /// a sampled row's logits only where its mask allows tokens (whole groups of 16 tokens
     /// on the CPU; the rest are `-inf`, as the mask makes them anyway), so outputs are
-    /// unchanged. Inside a JSON structure a mask allows a few dozen tokens and most of the
+    /// unchanged; likewise a drafted row's, where the constraint knows the state it leads to
+    /// ([`SequenceConstraint::masks_after`]). Inside a JSON structure a mask allows a few dozen tokens and most of the
     /// projection is skipped. vLLM and the classic path compute every logit and mask after.
     pub masked_logits: bool,
     /// Feed constraints' guesses of the next token ahead of sampling (see
