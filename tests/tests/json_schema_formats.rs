@@ -141,12 +141,29 @@ fn exact_formats_agree_with_the_jsonschema_crate_on_edge_cases() {
     }
 }
 
+/// The plugin's recogniser of strings of an approximated `format` (it warns once) and the
+/// `jsonschema` crate's validator.
+fn approximated(format: &str) -> (dspark_plugin_json_schema::recognizer::SchemaRecognizer, jsonschema::Validator) {
+    let schema = json!({ "type": "string", "format": format });
+    let (rec, warnings) = compile_recognizer("json-schema", &schema.to_string(), "{}").unwrap();
+    assert_eq!(warnings.len(), 1, "{format} is approximated: {warnings:?}");
+    (rec, jsonschema::options().should_validate_formats(true).build(&schema).unwrap())
+}
+
+/// A small deterministic generator (xorshift), so failures reproduce.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut state = seed;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 #[test]
 fn strict_hostnames_are_valid_hostnames() {
-    let schema = json!({ "type": "string", "format": "hostname" });
-    let (rec, warnings) = compile_recognizer("json-schema", &schema.to_string(), "{}").unwrap();
-    assert_eq!(warnings.len(), 1, "{warnings:?}");
-    let validator = jsonschema::options().should_validate_formats(true).build(&schema).unwrap();
+    let (rec, validator) = approximated("hostname");
     let label63 = "a".repeat(63);
     let long = [label63.as_str(); 4].join(".");
     for (text, ours) in [
@@ -172,14 +189,7 @@ fn strict_hostnames_are_valid_hostnames() {
 
 #[test]
 fn exact_formats_agree_with_the_jsonschema_crate_on_random_strings() {
-    // A small deterministic generator (xorshift), so failures reproduce.
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
     for &(format, seeds, alphabet) in EXACT {
         let both = Both::new(format);
         let chars: Vec<char> = alphabet.chars().collect();
@@ -209,10 +219,7 @@ fn exact_formats_agree_with_the_jsonschema_crate_on_random_strings() {
 
 #[test]
 fn regex_values_follow_the_ecma_syntax_but_for_deep_groups_and_back_references() {
-    let schema = json!({ "type": "string", "format": "regex" });
-    let (rec, warnings) = compile_recognizer("json-schema", &schema.to_string(), "{}").unwrap();
-    assert_eq!(warnings.len(), 1, "approximated: {warnings:?}");
-    let validator = jsonschema::options().should_validate_formats(true).build(&schema).unwrap();
+    let (rec, validator) = approximated("regex");
     let ours = |text: &str| rec.matches(Value::String(text.to_string()).to_string().as_bytes());
     let theirs = |text: &str| validator.is_valid(&Value::String(text.to_string()));
     let nine_deep = format!("{}a{}", "(".repeat(9), ")".repeat(9));
@@ -255,13 +262,7 @@ fn regex_values_follow_the_ecma_syntax_but_for_deep_groups_and_back_references()
 
     // Never a valid regex refused (within the depth, which short strings keep): random
     // strings over the characters that make the structure.
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x2545_F491_4F6C_DD1D);
     let chars: Vec<char> = "()[]\\a|*^?".chars().collect();
     let (mut valid, mut refused_invalid) = (0, 0);
     for _ in 0..4000 {

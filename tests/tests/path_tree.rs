@@ -129,14 +129,21 @@ const SCHEMAS: &[&str] = &[
         {"type":"object","additionalProperties":{"type":"number"}}]}"##,
 ];
 
-#[test]
-fn masks_and_spans_are_identical_with_and_without_the_tree() {
+/// The json-schema plugin instantiated over the Llama-3 tokenizer (its fixture kept alive with
+/// it) and the vocabulary size.
+fn json_schema_instance() -> (Fixture, PluginInstance, usize) {
     let fixture = Fixture::new(&[builtin_plugin("json-schema")], |_| {});
     let tok = Arc::new(HfTokenizer::from_file(&tokenizer_json("llama3"), None).unwrap());
     let vocab = tok.table().vocab_size();
     let canonical: Arc<dyn CanonicalTokenizer> = tok.clone();
     let plugin = fixture.registry.get("json-schema").unwrap();
-    let mut instance = plugin.instantiate(tok.table().clone(), canonical).unwrap();
+    let instance = plugin.instantiate(tok.table().clone(), canonical).unwrap();
+    (fixture, instance, vocab)
+}
+
+#[test]
+fn masks_and_spans_are_identical_with_and_without_the_tree() {
+    let (_fixture, mut instance, vocab) = json_schema_instance();
     for (i, schema) in SCHEMAS.iter().enumerate() {
         let compiled = instance.compile("json-schema", schema, "").unwrap();
         let roomy: SharedTree = Arc::new(Mutex::new(PathTree::new(256 << 20)));
@@ -174,12 +181,7 @@ fn the_tree_knows_the_masks_after_a_walked_path() {
     // What lets the engine compute only the allowed logits of drafted rows: after a path was
     // walked, the tree gives the masks of the states down a draft of its tokens, exactly as
     // they were, and nothing past a token or span it has not seen.
-    let fixture = Fixture::new(&[builtin_plugin("json-schema")], |_| {});
-    let tok = Arc::new(HfTokenizer::from_file(&tokenizer_json("llama3"), None).unwrap());
-    let vocab = tok.table().vocab_size();
-    let canonical: Arc<dyn CanonicalTokenizer> = tok.clone();
-    let plugin = fixture.registry.get("json-schema").unwrap();
-    let mut instance = plugin.instantiate(tok.table().clone(), canonical).unwrap();
+    let (_fixture, mut instance, vocab) = json_schema_instance();
     let compiled = instance.compile("json-schema", SCHEMAS[0], "").unwrap();
     let tree: SharedTree = Arc::new(Mutex::new(PathTree::new(256 << 20)));
     let mut known = 0;
