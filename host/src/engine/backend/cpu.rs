@@ -32,6 +32,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+use super::expf;
 use super::packed::{self, Packed};
 use super::{AttentionHeads, Backend, ForwardBatch, KvDtype, KvShape, RopeLayout, RopeTable};
 
@@ -365,8 +366,12 @@ impl Backend for CpuBackend {
         let cols = gate.cols;
         let mut data = vec![0f32; gate.data.len()];
         for_row_chunks(&mut data, cols, |first, out| {
-            let inputs = gate.data[first * cols..].iter().zip(&up.data[first * cols..]);
-            out.iter_mut().zip(inputs).for_each(|(o, (&g, &u))| *o = g / (1.0 + (-g).exp()) * u);
+            // exp(-g) first, in vectors (bit for bit libm's, see `expf`), then the rest.
+            let gates = &gate.data[first * cols..][..out.len()];
+            out.iter_mut().zip(gates).for_each(|(o, &g)| *o = -g);
+            expf::exp_in_place(out);
+            let inputs = gates.iter().zip(&up.data[first * cols..]);
+            out.iter_mut().zip(inputs).for_each(|(o, (&g, &u))| *o = g / (1.0 + *o) * u);
         });
         Ok(CpuTensor { rows: gate.rows, cols: gate.cols, data })
     }
@@ -575,8 +580,9 @@ fn attend<T: KvElement>(
             }
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             for s in scores.iter_mut() {
-                *s = (*s - max).exp();
+                *s -= max;
             }
+            expf::exp_in_place(scores);
             let total = lane_sum(scores);
             let weighted = scores.iter().zip(offsets.iter()).map(|(&w, &o)| (w / total, &values[o..][..head_dim]));
             // SAFETY: `weighted_sum` checks the build's features and the head size itself.

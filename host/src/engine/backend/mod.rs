@@ -11,6 +11,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod expf;
 pub mod packed;
 
 use candle_core::quantized::QTensor;
