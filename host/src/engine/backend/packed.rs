@@ -50,7 +50,8 @@ const ROW_TILE: usize = 4;
 /// the unpacked weights, and each unpacked block serves twice as many rows as with 4.
 const ROW_TILE_Q4: usize = 8;
 const ROW_TILE_Q8: usize = 2;
-/// Rows per AVX2 tile (16 vector registers: 4 rows of float and integer accumulators).
+/// Rows per AVX2 tile (16 vector registers: 4 rows x 2 halves of integer sums, beside the
+/// unpacked weights).
 const ROW_TILE_AVX2: usize = 4;
 /// Blocks per run of the AVX2 Q4_1 kernel's two passes (integer sums, then float steps):
 /// 16 blocks of 4 rows' sums are 4 KB, beside the group's weights in L1.
@@ -518,7 +519,8 @@ impl PackedQ4_1 {
     /// long float chain (convert, three multiplies, two adds) stalled the next block's integer
     /// work; split, each pass keeps its values in registers, and each activation word
     /// broadcast serves both halves of the line (an ad-hoc harness: 1.27x on 16 rows of the
-    /// 1536x576 gate product, single-threaded).
+    /// 1536x576 gate product, single-threaded; the `packed_kernels` bench, which also
+    /// quantises the activations and streams the weights, 5-15%: `docs/benchmarks.md`).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
