@@ -70,19 +70,28 @@ const LARGE_BITS: u32 = 0x42b0_0000;
 
 /// Replaces every value of `xs` by its `exp`, as `f32::exp` would.
 pub fn exp_in_place(xs: &mut [f32]) {
-    let mut rest = &mut xs[..];
     if exact() {
-        let mut eights = rest.chunks_exact_mut(8);
-        for eight in &mut eights {
-            let eight: &mut [f32; 8] = eight.try_into().expect("chunks of 8");
-            // SAFETY: `exact` returned true only where the vector version can run.
-            if !unsafe { vector::exp8(eight) } {
-                eight.iter_mut().for_each(|x| *x = x.exp());
-            }
-        }
-        rest = eights.into_remainder();
+        // SAFETY: `exact` returned true only where the vector version can run.
+        unsafe { exp_in_vectors(xs) };
+    } else {
+        xs.iter_mut().for_each(|x| *x = x.exp());
     }
-    rest.iter_mut().for_each(|x| *x = x.exp());
+}
+
+/// [`exp_in_place`] through the vector version, eights it refuses and the tail by libm.
+///
+/// # Safety
+/// The CPU has the instructions ([`vector::AVAILABLE`]).
+unsafe fn exp_in_vectors(xs: &mut [f32]) {
+    let mut eights = xs.chunks_exact_mut(8);
+    for eight in &mut eights {
+        let eight: &mut [f32; 8] = eight.try_into().expect("chunks of 8");
+        // SAFETY: the caller's promise.
+        if !unsafe { vector::exp8(eight) } {
+            eight.iter_mut().for_each(|x| *x = x.exp());
+        }
+    }
+    eights.into_remainder().iter_mut().for_each(|x| *x = x.exp());
 }
 
 /// Whether the vector version runs here and equals `f32::exp`: checked once, on inputs that
@@ -108,13 +117,8 @@ pub fn exact() -> bool {
         });
         let mut values: Vec<f32> = samples.collect();
         let expected: Vec<u32> = values.iter().map(|x| x.exp().to_bits()).collect();
-        for eight in values.chunks_exact_mut(8) {
-            let eight: &mut [f32; 8] = eight.try_into().expect("chunks of 8");
-            // SAFETY: AVAILABLE says the build has the instructions.
-            if !unsafe { vector::exp8(eight) } {
-                eight.iter_mut().for_each(|x| *x = x.exp());
-            }
-        }
+        // SAFETY: AVAILABLE says the build has the instructions.
+        unsafe { exp_in_vectors(&mut values) };
         values.iter().zip(&expected).all(|(got, want)| got.to_bits() == *want)
     })
 }
