@@ -631,3 +631,62 @@ fn seeded_sampling_draws_the_same_with_and_without_guesses() {
     assert!(kept > 0.0, "no guess was drawn");
     assert_eq!(metric(server.addr, "dspark_speculated_tokens_total{model_name=\"plain\"}"), 0.0);
 }
+
+#[test]
+fn constrained_chunks_make_room_for_an_unconstrained_neighbour() {
+    // Two entries over one model: the default (constrained requests get no rows beyond one
+    // each per step while an unconstrained one decodes) and one without that limit. Beside a
+    // long unconstrained answer, a constrained answer's fast-forward chunks are cut into
+    // single rows by the first and fed whole by the second; both answers stay the same.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("models.yaml");
+    let entry = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: gpustack.gg/v1alpha1\nkind: Model\nmetadata:\n  name: {name}\nspec:\n  source: file:{}\n  engine: dspark\n  config:\n{extra}",
+            smollm2().display()
+        )
+    };
+    let entries = format!(
+        "{}\n---\n{}",
+        entry("guarded", "    speculate: true\n"),
+        entry("open", "    extra_rows_beside_unconstrained: 100000\n")
+    );
+    std::fs::write(&config, entries).unwrap();
+    let server = Server::start(Path::new(env!("CARGO_BIN_EXE_dspark")), &["--config", config.to_str().unwrap()]);
+    let addr = server.addr;
+    let record = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}, "country": {"type": "string", "maxLength": 16}}, "required": ["city", "country"], "additionalProperties": false});
+    let schema = json!({"type": "object", "properties": {"places": {"type": "array", "items": record, "minItems": 4, "maxItems": 4}}, "required": ["places"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "places", "schema": schema}});
+    let constrained = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "List four cities and their countries as JSON."}], "temperature": 0, "max_tokens": 200, "response_format": format});
+    let plain = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "Tell me a long story."}], "temperature": 0, "max_tokens": 700, "ignore_eos": true});
+    let alone = content(&post_json(addr, "/v1/chat/completions", &constrained("guarded")).json()).to_string();
+    assert!(jsonschema::is_valid(&schema, &serde_json::from_str(&alone).unwrap()), "{alone}");
+    let running = |model: &str| metric(addr, &format!("vllm:num_requests_running{{model_name=\"{model}\"}}"));
+    let cut = |model: &str| metric(addr, &format!("dspark_cut_chunks_total{{model_name=\"{model}\"}}"));
+    let forced = |model: &str| metric(addr, &format!("dspark_fast_forward_tokens_total{{model_name=\"{model}\"}}"));
+    assert_eq!(cut("guarded"), 0.0, "alone, nothing is cut");
+
+    let mut answers = Vec::new();
+    for model in ["guarded", "open"] {
+        let forced_before = forced(model);
+        let body = plain(model);
+        let neighbour = std::thread::spawn(move || post_json(addr, "/v1/chat/completions", &body).json());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while running(model) < 1.0 {
+            assert!(Instant::now() < deadline, "the unconstrained request did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Past its prefill, into its decode.
+        std::thread::sleep(Duration::from_millis(500));
+        let beside = content(&post_json(addr, "/v1/chat/completions", &constrained(model)).json()).to_string();
+        assert_eq!(running(model), 1.0, "{model}: the unconstrained request was still decoding");
+        assert_eq!(beside, alone, "{model}: the constrained answer does not depend on its neighbour");
+        assert!(forced(model) > forced_before, "{model}: its spans were still forced, not sampled");
+        let story = neighbour.join().unwrap();
+        assert_eq!(story["usage"]["completion_tokens"], 700, "{story}");
+        answers.push(content(&story).to_string());
+    }
+    assert_eq!(answers[0], answers[1], "the unconstrained answer is the same beside either");
+    assert!(cut("guarded") > 0.0, "the default cut the chunks beside the unconstrained request");
+    assert_eq!(cut("open"), 0.0, "without the limit nothing is cut");
+}

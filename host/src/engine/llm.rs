@@ -84,6 +84,15 @@ pub struct EngineConfig {
     /// about 8 rows: `dspark engine-bench`), a wrong guess costs what a right one saves
     /// (measured with `dspark bench` at concurrency 8: 0.98x-1.01x).
     pub guess_max_seqs: usize,
+    /// While an unconstrained sequence is decoding, the most rows beyond one per sequence
+    /// that constrained sequences get per step in total: fast-forward chunks (fed over
+    /// several steps when they do not fit) and drafts. On this CPU every extra row slows the
+    /// whole step (measured with `dspark bench`: unconstrained requests 15-20% slower beside
+    /// constrained ones without a limit), so the default, 0, gives an unconstrained
+    /// neighbour the steps it would have beside other unconstrained requests; with only
+    /// constrained sequences decoding there is no limit. `usize::MAX`: never limited (a GPU,
+    /// where a few more rows cost little). See [`super::scheduler`].
+    pub extra_rows_beside_plain: usize,
 }
 
 impl Default for EngineConfig {
@@ -103,6 +112,7 @@ impl Default for EngineConfig {
             prompt_lookup: None,
             lookup_max_seqs: 1,
             guess_max_seqs: 4,
+            extra_rows_beside_plain: 0,
         }
     }
 }
@@ -273,6 +283,9 @@ pub struct EngineStats {
     pub speculated_tokens: u64,
     /// Drafted tokens that sampling then drew: each saved a step.
     pub speculated_accepted: u64,
+    /// Steps times constrained sequences whose fast-forward chunk was cut to the extra rows
+    /// allowed beside an unconstrained neighbour ([`EngineConfig::extra_rows_beside_plain`]).
+    pub cut_chunks: u64,
     /// Logits rows whose output projection was computed under their mask
     /// ([`EngineConfig::masked_logits`]).
     pub masked_logits_rows: u64,
@@ -332,6 +345,13 @@ struct Draft {
     /// The masks after the first items, where the constraint knows them
     /// ([`SequenceConstraint::masks_after`]).
     masks_after: Vec<Option<Mask>>,
+}
+
+impl Draft {
+    /// Rows it adds to its sequence's step: each item's token and its span.
+    fn rows(&self) -> usize {
+        self.items.iter().map(|g| 1 + g.forced.len()).sum()
+    }
 }
 
 /// Whose mask applies to a logits row ([`EngineConfig::masked_logits`]).
@@ -395,6 +415,7 @@ impl<B: Backend> LlmEngine<B> {
             SchedulerConfig {
                 max_num_seqs: config.max_num_seqs,
                 max_num_batched_tokens: config.max_num_batched_tokens,
+                extra_rows_beside_plain: config.extra_rows_beside_plain,
             },
             BlockManager::new(num_blocks, config.block_size, config.prefix_caching),
         );
@@ -480,6 +501,7 @@ impl<B: Backend> LlmEngine<B> {
         };
         let mut tokens = prompt;
         let prompt_len = tokens.len();
+        let plain = constraint.is_none();
         if let Some(c) = constraint.as_mut() {
             let first = c.start().map_err(|e| RequestError::Constraint(format!("{e:#}")))?;
             let mut out = Vec::new();
@@ -491,7 +513,7 @@ impl<B: Backend> LlmEngine<B> {
         let id = self.next_id;
         self.next_id += 1;
         self.requests.insert(id, state);
-        self.scheduler.add(id, tokens, prompt_len);
+        self.scheduler.add(id, tokens, prompt_len, plain);
         Ok(id)
     }
 
@@ -506,6 +528,7 @@ impl<B: Backend> LlmEngine<B> {
         let mut updates = self.finish_early_requests();
         let plan = self.scheduler.schedule();
         self.stats.preemptions += plan.preempted.len() as u64;
+        self.stats.cut_chunks += plan.cut_chunks as u64;
         if plan.scheduled.is_empty() {
             return Ok(updates);
         }
@@ -516,8 +539,15 @@ impl<B: Backend> LlmEngine<B> {
         let mut drafts: HashMap<SeqId, Draft> = HashMap::new();
         let sampling = plan.scheduled.iter().filter(|s| s.sample).count();
         let (guessing, looking_up) = (sampling <= self.guess_max_seqs, sampling <= self.lookup_max_seqs);
+        // What constrained sequences may still draft beside an unconstrained neighbour.
+        let mut extra_rows_left = plan.extra_rows_left;
         for s in &plan.scheduled {
-            let draft = if s.sample && guessing { self.draft(s.id, looking_up) } else { None };
+            let plain = self.scheduler.get(s.id).is_some_and(|seq| seq.plain);
+            let max_rows = if plain { usize::MAX } else { extra_rows_left };
+            let draft = if s.sample && guessing { self.draft(s.id, looking_up, max_rows) } else { None };
+            if let Some(d) = draft.as_ref().filter(|_| !plain) {
+                extra_rows_left -= d.rows();
+            }
             let Some(seq) = self.scheduler.get(s.id) else { continue };
             let tokens = &seq.tokens[s.start..s.start + s.len];
             if let Some(draft) = draft {
@@ -577,7 +607,7 @@ impl<B: Backend> LlmEngine<B> {
     /// writes after a key name, which the plugin holds back because it could merge with what
     /// follows), then what prompt lookup finds after the sequence's tokens (and the guess):
     /// as many as the sequence has room for and cache slots can be had for without
-    /// preempting anyone. Prompt lookup only `with_lookup`.
+    /// preempting anyone, and at most `max_rows`. Prompt lookup only `with_lookup`.
     ///
     /// The draft is fed as more rows of the sequence's chunk, with the logits of the row
     /// before it and of each drafted token's last row. Sampling at the row before is
@@ -586,7 +616,7 @@ impl<B: Backend> LlmEngine<B> {
     /// saved), and so on down the draft; the rows after the first miss are dropped and their
     /// cache slots are overwritten later. Outputs are the same either way: a row's results
     /// do not depend on the other rows of its batch.
-    fn draft(&mut self, id: SeqId, with_lookup: bool) -> Option<Draft> {
+    fn draft(&mut self, id: SeqId, with_lookup: bool, max_rows: usize) -> Option<Draft> {
         let lookup = self.prompt_lookup.filter(|_| with_lookup);
         if !self.guesses && lookup.is_none() {
             return None;
@@ -602,7 +632,8 @@ impl<B: Backend> LlmEngine<B> {
         let room = state
             .max_tokens
             .saturating_sub(state.generated + 1)
-            .min(self.max_model_len.saturating_sub(seq.tokens.len() + 1));
+            .min(self.max_model_len.saturating_sub(seq.tokens.len() + 1))
+            .min(max_rows);
         let mut rows = 0;
         if self.guesses
             && let Some(guess) = state.constraint.as_mut().and_then(|c| c.guess())

@@ -17,6 +17,18 @@
 //! the latest-arrived running sequence is preempted: its blocks are freed and it goes back to
 //! the front of the queue with its tokens, to be recomputed (vLLM's recompute preemption).
 //! A sequence is logits-ready ("sample") when a step computes up to its last token.
+//!
+//! **Unconstrained neighbours.** A constrained sequence's fast-forward chunk adds rows to a
+//! step, and on a CPU every row costs compute that the whole batch waits for (two cores:
+//! about a third of a decode step per extra row with one sequence running, about a row's
+//! share once the step is compute-bound). So while an unconstrained ("plain") sequence is
+//! decoding, the constrained ones get at most `extra_rows_beside_plain` rows beyond their
+//! first per step, in total, and a chunk that does not fit is fed over several steps (still
+//! without sampling its forced tokens). With no plain sequence decoding, chunks take what
+//! the token budget allows: constrained neighbours gain from each other's chunks. The rows
+//! left ([`SchedulerOutput::extra_rows_left`]) also bound the engine's drafts for
+//! constrained sequences. vLLM has no chunks, so its neighbours see one row per sequence;
+//! with the default of 0 ours see the same.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -32,6 +44,10 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Tokens fed to the model per step.
     pub max_num_batched_tokens: usize,
+    /// While a plain (unconstrained) sequence is decoding, the most rows beyond one per
+    /// sequence that constrained sequences past their prompt get per step, in total (see the
+    /// module docs); `usize::MAX`: no limit.
+    pub extra_rows_beside_plain: usize,
 }
 
 /// One sequence's state.
@@ -45,6 +61,11 @@ pub struct Sequence {
     pub num_computed: usize,
     /// Times this sequence was preempted.
     pub preemptions: u32,
+    /// Unconstrained: its steps are one row each, and it is the neighbour that
+    /// [`SchedulerConfig::extra_rows_beside_plain`] protects.
+    pub plain: bool,
+    /// Tokens it had computed when last preempted: recomputing them is prefill, not a chunk.
+    resume_at: usize,
     block_table: Vec<BlockId>,
     hashed_blocks: usize,
     last_hash: u64,
@@ -55,6 +76,12 @@ impl Sequence {
     /// The cache blocks holding this sequence, in position order.
     pub fn block_table(&self) -> &[BlockId] {
         &self.block_table
+    }
+
+    /// Past its prompt and anything it recomputes after a preemption: what it is fed now
+    /// is its last sampled token, with a fast-forward span if one came.
+    fn decoding(&self) -> bool {
+        self.num_computed >= self.prompt_len.max(self.resume_at)
     }
 }
 
@@ -78,6 +105,12 @@ pub struct SchedulerOutput {
     pub scheduled: Vec<ScheduledSeq>,
     /// Sequences preempted to make room (they will be recomputed).
     pub preempted: Vec<SeqId>,
+    /// Rows beyond one per sequence that constrained sequences may still take this step
+    /// (drafts), under [`SchedulerConfig::extra_rows_beside_plain`]; `usize::MAX` when no
+    /// plain sequence is decoding.
+    pub extra_rows_left: usize,
+    /// Constrained sequences whose chunk this step cut to the extra rows allowed.
+    pub cut_chunks: usize,
 }
 
 impl SchedulerOutput {
@@ -104,15 +137,17 @@ impl Scheduler {
         Self { config, blocks, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_arrival: 0 }
     }
 
-    /// Queues a sequence whose first `prompt_len` tokens are the prompt. The caller checks
-    /// lengths against the model's limits.
-    pub fn add(&mut self, id: SeqId, tokens: Vec<u32>, prompt_len: usize) {
+    /// Queues a sequence whose first `prompt_len` tokens are the prompt; `plain` when it is
+    /// unconstrained. The caller checks lengths against the model's limits.
+    pub fn add(&mut self, id: SeqId, tokens: Vec<u32>, prompt_len: usize, plain: bool) {
         self.next_arrival += 1;
         let seq = Sequence {
             tokens,
             prompt_len,
             num_computed: 0,
             preemptions: 0,
+            plain,
+            resume_at: 0,
             block_table: Vec::new(),
             hashed_blocks: 0,
             last_hash: 0,
@@ -195,6 +230,7 @@ impl Scheduler {
 
     fn preempt(&mut self, id: SeqId) {
         if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.resume_at = seq.resume_at.max(seq.num_computed);
             Self::free_blocks(&mut self.blocks, seq);
             seq.preemptions += 1;
         }
@@ -215,6 +251,8 @@ impl Scheduler {
         let mut budget = self.config.max_num_batched_tokens;
         let mut order = self.running.clone();
         order.sort_by_key(|id| self.seqs.get(id).map(|s| (s.num_computed < s.prompt_len, s.arrival)));
+        let plain_decoding = order.iter().filter_map(|id| self.seqs.get(id)).any(|s| s.plain && s.decoding());
+        let mut extra_left = plain_decoding.then_some(self.config.extra_rows_beside_plain);
         let mut i = 0;
         while i < order.len() && budget > 0 {
             let id = order[i];
@@ -222,7 +260,17 @@ impl Scheduler {
                 i += 1;
                 continue;
             };
-            let n = (seq.tokens.len() - seq.num_computed).min(budget);
+            let mut n = (seq.tokens.len() - seq.num_computed).min(budget);
+            if let Some(left) = extra_left.as_mut()
+                && !seq.plain
+                && seq.decoding()
+                && n > 1
+            {
+                let whole = n;
+                n = n.min(left.saturating_add(1));
+                *left -= n - 1;
+                out.cut_chunks += usize::from(n < whole);
+            }
             if n == 0 {
                 i += 1;
                 continue;
@@ -255,6 +303,7 @@ impl Scheduler {
         if out.preempted.is_empty() {
             self.admit(&mut out, budget);
         }
+        out.extra_rows_left = extra_left.unwrap_or(usize::MAX);
         out
     }
 
@@ -342,7 +391,7 @@ mod tests {
 
     fn scheduler(num_blocks: usize, block_size: usize, max_num_seqs: usize, budget: usize) -> Scheduler {
         Scheduler::new(
-            SchedulerConfig { max_num_seqs, max_num_batched_tokens: budget },
+            SchedulerConfig { max_num_seqs, max_num_batched_tokens: budget, extra_rows_beside_plain: usize::MAX },
             BlockManager::new(num_blocks, block_size, true),
         )
     }
@@ -350,11 +399,11 @@ mod tests {
     #[test]
     fn prefill_is_chunked_by_the_budget_and_decodes_go_first() {
         let mut s = scheduler(64, 4, 8, 10);
-        s.add(1, (0..25).collect(), 25);
+        s.add(1, (0..25).collect(), 25, false);
         let plan = s.schedule();
         assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 1, start: 0, len: 10, sample: false }]);
         s.complete(&plan);
-        s.add(2, vec![100, 101, 102], 3);
+        s.add(2, vec![100, 101, 102], 3, false);
         let plan = s.schedule();
         assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 1, start: 10, len: 10, sample: false }]);
         s.complete(&plan);
@@ -384,7 +433,7 @@ mod tests {
     fn max_num_seqs_limits_admission() {
         let mut s = scheduler(64, 4, 2, 100);
         for id in 0..3 {
-            s.add(id, vec![1, 2, 3], 3);
+            s.add(id, vec![1, 2, 3], 3, false);
         }
         let plan = s.schedule();
         assert_eq!(plan.scheduled.len(), 2);
@@ -400,8 +449,8 @@ mod tests {
     fn running_out_of_blocks_preempts_the_latest_and_recomputes_it() {
         // 4 blocks of 2 slots: two sequences of 3 tokens take 2 blocks each.
         let mut s = scheduler(4, 2, 4, 100);
-        s.add(1, vec![1, 2, 3], 3);
-        s.add(2, vec![4, 5, 6], 3);
+        s.add(1, vec![1, 2, 3], 3, false);
+        s.add(2, vec![4, 5, 6], 3, false);
         let plan = s.schedule();
         assert_eq!(plan.scheduled.len(), 2);
         s.complete(&plan);
@@ -428,15 +477,15 @@ mod tests {
     #[test]
     fn cached_prefixes_are_shared_but_the_last_token_is_computed() {
         let mut s = scheduler(16, 2, 4, 100);
-        s.add(1, vec![1, 2, 3, 4, 5], 5);
+        s.add(1, vec![1, 2, 3, 4, 5], 5, false);
         let plan = s.schedule();
         s.complete(&plan);
         s.finish(1);
-        s.add(2, vec![1, 2, 3, 4, 9, 9], 6);
+        s.add(2, vec![1, 2, 3, 4, 9, 9], 6, false);
         let plan = s.schedule();
         assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 2, start: 4, len: 2, sample: true }]);
         s.complete(&plan);
-        s.add(3, vec![1, 2, 3, 4], 4);
+        s.add(3, vec![1, 2, 3, 4], 4, false);
         let plan = s.schedule();
         // Two full blocks match, but the last token must be computed: only one is shared.
         assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 3, start: 2, len: 2, sample: true }]);
@@ -446,7 +495,7 @@ mod tests {
     #[test]
     fn finishing_frees_blocks_at_once() {
         let mut s = scheduler(4, 2, 4, 100);
-        s.add(1, vec![1, 2, 3, 4, 5, 6, 7], 7);
+        s.add(1, vec![1, 2, 3, 4, 5, 6, 7], 7, false);
         let plan = s.schedule();
         s.complete(&plan);
         assert_eq!(s.cache_usage(), 1.0);
@@ -459,8 +508,8 @@ mod tests {
     fn a_speculated_slot_is_reserved_without_preempting_and_counted_once_kept() {
         // 3 blocks of 2 slots: sequence 1 fills two, sequence 2 the third.
         let mut s = scheduler(3, 2, 4, 100);
-        s.add(1, vec![1, 2, 3, 4], 4);
-        s.add(2, vec![5, 6], 2);
+        s.add(1, vec![1, 2, 3, 4], 4, false);
+        s.add(2, vec![5, 6], 2, false);
         let plan = s.schedule();
         s.complete(&plan);
         // Position 4 of sequence 1 needs a fourth block: none is free, nothing is preempted.
@@ -478,5 +527,88 @@ mod tests {
         s.append(1, &[10]);
         let plan = s.schedule();
         assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 1, start: 5, len: 1, sample: true }]);
+    }
+
+    #[test]
+    fn chunks_beside_a_plain_decode_get_only_the_extra_rows_allowed() {
+        let sched = |extra| {
+            let mut s = Scheduler::new(
+                SchedulerConfig { max_num_seqs: 8, max_num_batched_tokens: 64, extra_rows_beside_plain: extra },
+                BlockManager::new(64, 4, false),
+            );
+            // 1: plain; 2 and 3: constrained; all past their prompts after one step.
+            s.add(1, vec![1, 2, 3], 3, true);
+            s.add(2, vec![4, 5, 6], 3, false);
+            s.add(3, vec![7, 8], 2, false);
+            let plan = s.schedule();
+            s.complete(&plan);
+            s
+        };
+        let row = |id, start, len, sample| ScheduledSeq { id, start, len, sample };
+
+        // No extra rows: sequence 2's span of 4 (5 pending tokens) goes one row a step, and
+        // it samples after the last; the plain sequence decodes as usual.
+        let mut s = sched(0);
+        s.append(2, &[40, 41, 42, 43, 44]);
+        for step in 0..5 {
+            s.append(1, &[10 + step as u32]);
+            s.append(3, &[20 + step as u32]);
+            let plan = s.schedule();
+            assert_eq!(
+                plan.scheduled,
+                vec![row(1, 3 + step, 1, true), row(2, 3 + step, 1, step == 4), row(3, 2 + step, 1, true)],
+                "step {step}"
+            );
+            assert_eq!(plan.extra_rows_left, 0);
+            assert_eq!(plan.cut_chunks, usize::from(step < 4));
+            s.complete(&plan);
+        }
+
+        // Three extra rows in all: sequence 2 takes them, sequence 3's span waits its turn.
+        let mut s = sched(3);
+        s.append(1, &[10]);
+        s.append(2, &[40, 41, 42, 43, 44]);
+        s.append(3, &[50, 51, 52]);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled, vec![row(1, 3, 1, true), row(2, 3, 4, false), row(3, 2, 1, false)]);
+        assert_eq!((plan.extra_rows_left, plan.cut_chunks), (0, 2));
+        s.complete(&plan);
+
+        // Without a plain sequence decoding, chunks are whole again.
+        s.finish(1);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled, vec![row(2, 7, 1, true), row(3, 3, 2, true)]);
+        assert_eq!((plan.extra_rows_left, plan.cut_chunks), (usize::MAX, 0));
+    }
+
+    #[test]
+    fn recomputing_after_a_preemption_is_not_held_to_the_extra_rows() {
+        let mut s = Scheduler::new(
+            SchedulerConfig { max_num_seqs: 8, max_num_batched_tokens: 4, extra_rows_beside_plain: 0 },
+            BlockManager::new(64, 4, false),
+        );
+        let row = |id, start, len, sample| ScheduledSeq { id, start, len, sample };
+        let step = |s: &mut Scheduler, expected: Vec<ScheduledSeq>| {
+            let plan = s.schedule();
+            assert_eq!(plan.scheduled, expected);
+            s.complete(&plan);
+            s.append(1, &[99]);
+        };
+        s.add(1, vec![1, 2, 3], 3, true);
+        s.add(2, vec![4, 5, 6], 3, false);
+        step(&mut s, vec![row(1, 0, 3, true), row(2, 0, 1, false)]);
+        step(&mut s, vec![row(1, 3, 1, true), row(2, 1, 2, true)]);
+        // A sampled token and a span of 2: one row a step beside the plain decode.
+        s.append(2, &[7, 8, 9]);
+        step(&mut s, vec![row(1, 4, 1, true), row(2, 3, 1, false)]);
+        step(&mut s, vec![row(1, 5, 1, true), row(2, 4, 1, false)]);
+        step(&mut s, vec![row(1, 6, 1, true), row(2, 5, 1, true)]);
+        s.preempt(2);
+        s.append(2, &[10]);
+        // Back in, its 6 computed tokens are recomputed as prefill, as the budget allows
+        // (3 of 4 beside the plain decode), not one row a step; then it decodes.
+        step(&mut s, vec![row(1, 7, 1, true), row(2, 0, 3, false)]);
+        step(&mut s, vec![row(1, 8, 1, true), row(2, 3, 3, false)]);
+        step(&mut s, vec![row(1, 9, 1, true), row(2, 6, 1, true)]);
     }
 }

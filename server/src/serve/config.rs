@@ -105,6 +105,14 @@ pub struct EntryConfig {
     /// The shortest suffix prompt lookup matches (at least 1).
     #[serde(default = "default_prompt_lookup_min")]
     pub prompt_lookup_min: usize,
+    /// With `dspark`, while an unconstrained request is decoding, the most rows beyond one
+    /// per request that constrained requests get per step in total (fast-forward chunks,
+    /// fed over several steps when they do not fit, and drafts). Each extra row slows the
+    /// whole step on a CPU, so the default, 0, keeps unconstrained requests as fast beside
+    /// constrained ones as beside each other; with only constrained requests running there
+    /// is no limit. Raise it where extra rows are cheap (a GPU).
+    #[serde(default)]
+    pub extra_rows_beside_unconstrained: usize,
 }
 
 fn yes() -> bool {

@@ -108,6 +108,9 @@ pub struct ModelMetrics {
     pub speculated_tokens: Counter,
     /// Drafted tokens that sampling then drew (a step saved each).
     pub speculated_accepted: Counter,
+    /// Steps times constrained sequences whose fast-forward chunk was cut beside an
+    /// unconstrained neighbour (`extra_rows_beside_unconstrained`).
+    pub cut_chunks: Counter,
     /// Logits rows computed under their constraint's mask.
     pub masked_logits_rows: Counter,
     /// Of those rows' vocabulary entries, the ones their masks allowed.
@@ -148,6 +151,7 @@ impl ModelMetrics {
             forced_tokens: Counter::default(),
             speculated_tokens: Counter::default(),
             speculated_accepted: Counter::default(),
+            cut_chunks: Counter::default(),
             masked_logits_rows: Counter::default(),
             masked_logits_allowed: Counter::default(),
             masked_logits_vocab: Counter::default(),
@@ -221,6 +225,12 @@ impl Metrics {
         counter(&mut out, "dspark_speculated_accepted_total", "Drafted tokens that sampling drew.", &|m| {
             m.speculated_accepted.get()
         });
+        counter(
+            &mut out,
+            "dspark_cut_chunks_total",
+            "Fast-forward chunks cut to the extra rows allowed beside unconstrained requests (per step).",
+            &|m| m.cut_chunks.get(),
+        );
         counter(&mut out, "dspark_masked_logits_rows_total", "Logits rows computed under their mask.", &|m| {
             m.masked_logits_rows.get()
         });

@@ -89,6 +89,7 @@ impl Worker {
             masked_logits: config.dspark && config.masked_logits,
             guesses: config.dspark && config.speculate,
             prompt_lookup: config.prompt_lookup(),
+            extra_rows_beside_plain: config.extra_rows_beside_unconstrained,
             ..EngineConfig::default()
         };
         let vocab_size = model.config().vocab_size;
@@ -191,6 +192,7 @@ fn report(engine: &LlmEngine<CpuBackend>, metrics: &ModelMetrics, seen: &mut Eng
     metrics.forced_tokens.add(stats.forced_tokens - seen.forced_tokens);
     metrics.speculated_tokens.add(stats.speculated_tokens - seen.speculated_tokens);
     metrics.speculated_accepted.add(stats.speculated_accepted - seen.speculated_accepted);
+    metrics.cut_chunks.add(stats.cut_chunks - seen.cut_chunks);
     metrics.masked_logits_rows.add(stats.masked_logits_rows - seen.masked_logits_rows);
     metrics.masked_logits_allowed.add(stats.masked_logits_allowed - seen.masked_logits_allowed);
     metrics.masked_logits_vocab.add(stats.masked_logits_vocab - seen.masked_logits_vocab);
