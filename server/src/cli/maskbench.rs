@@ -59,6 +59,15 @@ struct Stats {
     mask_us: Vec<f64>,
     tokens: usize,
     forced_tokens: usize,
+    /// Of those, the tokens and forced tokens of the valid instances accepted (the share a
+    /// generation that stays in the language sees: an instance refused early counts all its
+    /// tokens above but forces none after the refusal).
+    accepted_tokens: usize,
+    accepted_forced_tokens: usize,
+    /// Forced spans that did not match the instance's own tokens (a tokenisation other
+    /// than the canonical one), rolled back, and their tokens.
+    rolled_back_spans: usize,
+    rolled_back_tokens: usize,
     /// The slowest masks: (µs, file, token index).
     slowest: Vec<(f64, String, usize)>,
     current: String,
@@ -166,6 +175,10 @@ fn walk(
                     s.forced_tokens += out.forced.len();
                 }
             } else {
+                if let Some(s) = stats.as_deref_mut() {
+                    s.rolled_back_spans += 1;
+                    s.rolled_back_tokens += out.forced.len();
+                }
                 inst.rollback(m, out.forced.len() as u32)?;
             }
         }
@@ -294,6 +307,7 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                 Ok(m) => m,
                 Err(_) => break,
             };
+            let forced_before = s.forced_tokens;
             let accepted = if valid {
                 s.tokens += tokens.len();
                 walk(&mut inst, &m, &tokens, Some(&mut s))
@@ -308,6 +322,10 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                     Some(tokens.len())
                 }
             };
+            if valid && refused.is_none() {
+                s.accepted_tokens += tokens.len();
+                s.accepted_forced_tokens += s.forced_tokens - forced_before;
+            }
             match (valid, refused.is_none()) {
                 (true, true) => s.valid_accepted += 1,
                 (true, false) => {
@@ -392,6 +410,12 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             println!("  slow mask        {us:.0} µs at token {i} of {file}");
         }
         println!("fast-forward share {:.1}% of {} tokens", 100.0 * ff_share, s.tokens);
+        println!(
+            "  of accepted      {:.1}% of {} tokens",
+            pct(s.accepted_forced_tokens, s.accepted_tokens),
+            s.accepted_tokens
+        );
+        println!("  rolled back      {} spans, {} tokens", s.rolled_back_spans, s.rolled_back_tokens);
         println!("wall s             {:.1}", wall.elapsed().as_secs_f64());
     }
     Ok(std::process::ExitCode::SUCCESS)
