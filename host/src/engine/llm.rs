@@ -87,7 +87,7 @@ pub struct EngineConfig {
     /// While an unconstrained sequence is decoding, the most rows beyond one per sequence
     /// that constrained sequences get per step in total: fast-forward chunks (fed over
     /// several steps when they do not fit) and drafts. On this CPU every extra row slows the
-    /// whole step (measured with `dspark bench`: unconstrained requests 15-20% slower beside
+    /// whole step (measured with `dspark bench`: unconstrained requests 9-20% slower beside
     /// constrained ones without a limit), so the default, 0, gives an unconstrained
     /// neighbour the steps it would have beside other unconstrained requests; with only
     /// constrained sequences decoding there is no limit. `usize::MAX`: never limited (a GPU,
