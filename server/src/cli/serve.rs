@@ -44,6 +44,11 @@ pub struct ServeArgs {
     /// default: 2 with DSpark).
     #[arg(long)]
     num_speculative_tokens: Option<usize>,
+    /// For --model: rows beyond one per request that constrained requests get per step, in
+    /// all, while an unconstrained request is decoding (default 0: their fast-forward chunks
+    /// then go a row a step, so unconstrained requests keep their speed on a CPU).
+    #[arg(long, default_value_t = 0)]
+    extra_rows_beside_unconstrained: usize,
     /// Batch-invariant kernels for --model: greedy answers independent of batching.
     #[arg(long)]
     batch_invariant: bool,
@@ -86,6 +91,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_model_len: args.max_model_len,
             batch_invariant: args.batch_invariant,
             num_speculative_tokens: args.num_speculative_tokens,
+            extra_rows_beside_unconstrained: args.extra_rows_beside_unconstrained,
             ..EntryConfig::default()
         };
         config.validate().context("--model")?;

@@ -263,7 +263,17 @@ fn entry_from(doc: Document, base: &Path) -> anyhow::Result<ModelEntry> {
     for (key, value) in parse_backend_parameters(&doc.spec.backend_parameters)? {
         config.insert(key, value);
     }
-    let config: EntryConfig = serde_json::from_value(Value::Object(config)).map_err(|e| anyhow!("spec.config: {e}"))?;
+    let config: EntryConfig = serde_json::from_value(Value::Object(config.clone())).map_err(|e| {
+        // serde names the bad value, not its key: find the key whose value alone fails.
+        let key = config.iter().find(|(k, v)| {
+            let one = serde_json::Map::from_iter([((*k).clone(), (*v).clone())]);
+            serde_json::from_value::<EntryConfig>(Value::Object(one)).is_err()
+        });
+        match key {
+            Some((k, _)) => anyhow!("spec.config.{k}: {e}"),
+            None => anyhow!("spec.config: {e}"),
+        }
+    })?;
     config.validate()?;
     Ok(ModelEntry { name, path, config })
 }
@@ -381,6 +391,21 @@ spec:
         assert_eq!(
             err("num_speculative_tokens: 17"),
             "model `m`: spec.config: num_speculative_tokens must be at most 16"
+        );
+    }
+
+    #[test]
+    fn extra_rows_beside_unconstrained_defaults_to_0_and_a_bad_value_names_its_key() {
+        let entry = |config: &str| {
+            let doc = format!("metadata: {{name: m}}\nspec: {{source: a, config: {{{config}}}}}\n");
+            parse(&doc, Path::new(".")).map(|mut e| e.remove(0).config.extra_rows_beside_unconstrained)
+        };
+        assert_eq!(entry("dspark: true").unwrap(), 0);
+        assert_eq!(entry("extra_rows_beside_unconstrained: 8").unwrap(), 8);
+        let err = format!("{:#}", entry("dspark: true, extra_rows_beside_unconstrained: -1").unwrap_err());
+        assert_eq!(
+            err,
+            "model `m`: spec.config.extra_rows_beside_unconstrained: invalid value: integer `-1`, expected usize"
         );
     }
 }
