@@ -292,6 +292,7 @@ impl<'a> Compiler<'a> {
             max_items: u32::MAX,
             unique: None,
             unique_text: false,
+            unique_ints: false,
         }));
         let string = self.push(Node::String(StringNode { min_len: 0, max_len: u32::MAX, patterns: Vec::new() }));
         let number = self.push(Node::Number(NumberNode {
@@ -300,6 +301,7 @@ impl<'a> Compiler<'a> {
             max: None,
             multiple_of: None,
             exact: None,
+            keep_value: false,
         }));
         let lits = self.literal_node(&[b"true".to_vec(), b"false".to_vec(), b"null".to_vec()]);
         self.nodes[ANY as usize] = Node::Union(vec![object, array, string, number, lits]);
@@ -792,6 +794,7 @@ impl<'a> Compiler<'a> {
                         max: Some((x, false)),
                         multiple_of: None,
                         exact: None,
+                        keep_value: false,
                     }))
                 })
                 .collect();
@@ -1195,8 +1198,15 @@ impl<'a> Compiler<'a> {
             self.nodes[id as usize] = Node::Never;
             return Ok(id);
         }
-        self.nodes[id as usize] =
-            Node::Array(ArrayNode { prefix, items, min_items, max_items, unique: None, unique_text: false });
+        self.nodes[id as usize] = Node::Array(ArrayNode {
+            prefix,
+            items,
+            min_items,
+            max_items,
+            unique: None,
+            unique_text: false,
+            unique_ints: false,
+        });
         Ok(id)
     }
 
@@ -1221,18 +1231,27 @@ impl<'a> Compiler<'a> {
                         self.nodes[id as usize] = Node::Never;
                     }
                 }
-                None => match self.open_string_of(items).filter(|_| exact) {
-                    Some(string) => {
+                None => match (self.open_string_of(items), self.open_integer_of(items)) {
+                    (Some(string), _) if exact => {
                         let Node::Array(a) = &mut self.nodes[id as usize] else { continue };
                         a.items = string;
                         a.unique_text = true;
                     }
-                    None => self.warnings.push(Warning {
+                    (_, Some(mut number)) if exact => {
+                        // A copy that keeps its value in the state, so other uses of the node
+                        // keep their small states.
+                        number.keep_value = true;
+                        let number = self.push(Node::Number(number));
+                        let Node::Array(a) = &mut self.nodes[id as usize] else { continue };
+                        a.items = number;
+                        a.unique_ints = true;
+                    }
+                    _ => self.warnings.push(Warning {
                         location: format!("#{ptr}/uniqueItems"),
                         message: "`uniqueItems` is not enforced: an array may repeat items (it is enforced for \
-                              items from an `enum` of at most 64 strings, booleans or null, and for \
+                              items from an `enum` of at most 64 strings, booleans or null, for \
                               strings with no `maxLength` and no `pattern` or `format` that can run out of ways to \
-                              go on)"
+                              go on, and for integers with no maximum, no minimum below zero and no `multipleOf`)"
                             .into(),
                     }),
                 },
@@ -1365,6 +1384,30 @@ impl<'a> Compiler<'a> {
                             || (s.patterns.len() == 1 && self.live[s.patterns[0] as usize].infinite)) =>
                 {
                     return Some(id);
+                }
+                Node::Union(alts) if alts.len() == 1 => id = alts[0],
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// The integer node `id` is (through one-branch unions), if every value it admits can be
+    /// written longer into another one it admits, but for zero: no maximum, no minimum below
+    /// zero (a negative prefix near a minimum cannot go on), no `multipleOf`, no exact
+    /// big-integer bounds. What [`ArrayNode::unique_ints`] needs so a repeat never leaves the
+    /// writer stuck.
+    fn open_integer_of(&self, mut id: NodeId) -> Option<NumberNode> {
+        for _ in 0..16 {
+            match &self.nodes[id as usize] {
+                Node::Number(n)
+                    if n.integer
+                        && n.max.is_none()
+                        && n.min.is_none_or(|(m, _)| m >= 0.0)
+                        && n.multiple_of.is_none()
+                        && n.exact.is_none() =>
+                {
+                    return Some(n.clone());
                 }
                 Node::Union(alts) if alts.len() == 1 => id = alts[0],
                 _ => return None,
@@ -1681,7 +1724,7 @@ impl<'a> Compiler<'a> {
                 message: "`multipleOf` on a non-integer is checked with a floating-point tolerance".into(),
             });
         }
-        Ok(self.push(Node::Number(NumberNode { integer, min, max, multiple_of, exact })))
+        Ok(self.push(Node::Number(NumberNode { integer, min, max, multiple_of, exact, keep_value: false })))
     }
 }
 

@@ -167,6 +167,12 @@ pub struct ArrayNode {
     /// pattern and no `maxLength`, so a repeat can always be avoided by writing on; the
     /// array's state remembers a hash of each item's decoded text.
     pub unique_text: bool,
+    /// `uniqueItems` enforced exactly over integers that can always be written longer (no
+    /// upper bound, none below zero, no `multipleOf`): the array's state remembers each
+    /// item's value (in the same list as [`Self::unique_text`]'s hashes), a repeat is
+    /// refused at the byte that ends it, and a zero already written (which cannot go on)
+    /// at its digit.
+    pub unique_ints: bool,
 }
 
 /// A string shape.
@@ -196,6 +202,9 @@ pub struct NumberNode {
     /// integer bounds (`i128::MIN`/`MAX` where absent), compared exactly against the
     /// magnitude written so far, kept as an integer.
     pub exact: Option<(i128, i128)>,
+    /// Keep the value written in the state even without bounds: an item under
+    /// [`ArrayNode::unique_ints`].
+    pub keep_value: bool,
 }
 
 /// A value shape.

@@ -800,13 +800,21 @@ impl SchemaRecognizer {
             }
             Frame::Num { node, phase, neg, value, frac, exp, exp_neg } => {
                 let Node::Number(n) = g.node(node) else { return };
+                // An item under an exact `uniqueItems` over integers: a zero cannot go on, so
+                // a written one is refused at its digit; another repeat where it ends.
+                let unique = n.keep_value && is_unique_int_item(g, &stack, node);
+                if unique && phase == NUM_START && b == b'0' && item_written(&stack, int_key(false, 0)) {
+                    return;
+                }
                 match self.number_step(n, phase, neg, value, frac, exp, exp_neg, b) {
                     NumStep::Continue(NumFrame { phase, neg, value, frac, exp, exp_neg }) => {
                         stack.push(Frame::Num { node, phase, neg, value, frac, exp, exp_neg });
                         out.push(stack);
                     }
                     NumStep::End => {
-                        if number_ok(n, phase, neg, value, frac, exp, exp_neg) {
+                        if number_ok(n, phase, neg, value, frac, exp, exp_neg)
+                            && (!unique || record_item(&mut stack, int_key(neg, value)))
+                        {
                             self.step(stack, b, out, depth + 1);
                         }
                     }
@@ -1052,9 +1060,12 @@ impl SchemaRecognizer {
             return exact_integer_step(lo, hi, phase, neg, value, b);
         }
         let tracked = n.min.is_some() || n.max.is_some() || n.multiple_of.is_some();
+        // Without bounds the value decides nothing and is kept at 0, so that states repeat;
+        // but for an item under an exact `uniqueItems`.
+        let keep = tracked || n.keep_value;
         let v = f64::from_bits(value);
         let frame = |phase, neg, v: f64, frac, exp, exp_neg| {
-            NumStep::Continue(NumFrame { phase, neg, value: if tracked { v.to_bits() } else { 0 }, frac, exp, exp_neg })
+            NumStep::Continue(NumFrame { phase, neg, value: if keep { v.to_bits() } else { 0 }, frac, exp, exp_neg })
         };
         let digit = b.is_ascii_digit();
         let d = (b.wrapping_sub(b'0')) as f64;
@@ -1569,15 +1580,47 @@ pub(crate) fn extend_text(h: NonZeroU64, raw: &[u8]) -> Option<NonZeroU64> {
 /// top of `stack`; `false` when that array holds the same text already (a repeat).
 fn record_text(stack: &mut Config, text: Option<NonZeroU64>) -> bool {
     let Some(h) = text else { return true };
+    record_item(stack, h.get())
+}
+
+/// Whether the number of `node` on top of `stack` (popped) is an item of an array with an
+/// exact `uniqueItems` over integers (the array's frame is the next one down).
+fn is_unique_int_item(g: &Graph, stack: &Config, node: NodeId) -> bool {
+    match stack.top() {
+        Some(Frame::Arr { node: arr, .. }) => {
+            matches!(g.node(*arr), Node::Array(a) if a.unique_ints && a.items == node)
+        }
+        _ => false,
+    }
+}
+
+/// The key of an integer item in its array's list: the bits of its magnitude as `f64` (an
+/// integer beyond 2^53 shares its key with its neighbours, which makes them unwritable
+/// after it, never a repeat writable), the sign in the top bit.
+fn int_key(neg: bool, value: u64) -> u64 {
+    value | (neg as u64) << 63
+}
+
+/// Whether the array below the top of `stack` holds item `key` already.
+fn item_written(stack: &Config, key: u64) -> bool {
+    match stack.top() {
+        Some(Frame::Arr { texts: Some(items), .. }) => items.binary_search(&key).is_ok(),
+        _ => false,
+    }
+}
+
+/// Records item `key` (a tracked string's text hash, an integer's [`int_key`]) in the array
+/// below the top of `stack`; `false` when it is there already (a repeat).
+fn record_item(stack: &mut Config, key: u64) -> bool {
     if !matches!(stack.top(), Some(Frame::Arr { .. })) {
         return true;
     }
     let Some(Frame::Arr { node, phase, count, used, texts }) = stack.pop() else { return true };
     let mut items = texts.as_deref().cloned().unwrap_or_default();
-    match items.binary_search(&h.get()) {
+    match items.binary_search(&key) {
         Ok(_) => false,
         Err(at) => {
-            items.insert(at, h.get());
+            items.insert(at, key);
             stack.push(Frame::Arr { node, phase, count, used, texts: Some(Arc::new(items)) });
             true
         }

@@ -144,5 +144,11 @@ fn fast_masks_equal_the_trie_walk() {
     for prefix in [r#"[""#, r#"["abc","ab"#, r#"["abc","name","#] {
         compare(patterned, "{}", prefix);
     }
+    // Integers under `uniqueItems`: the tokens that would end a repeat are refused.
+    let ints = r#"{"type":"array","items":{"type":"integer"},"uniqueItems":true}"#;
+    for prefix in ["[", "[12,", "[12,1", "[12,-4,12", "[0,", "[0,1,-1", "[5,50,500,"] {
+        compare(ints, "{}", prefix);
+    }
+    compare(ints, r#"{"whitespace":"flexible"}"#, "[12, 1");
     compare(r#"{}"#, "{}", r#"{"a":[1,{"b":"#);
 }

@@ -322,6 +322,56 @@ fn unique_items_from_an_enum_are_enforced() {
 }
 
 #[test]
+fn unique_items_over_open_integers_are_enforced() {
+    let compile = |s: &str| compile_recognizer("json-schema", s, "{}").unwrap();
+    let (rec, warnings) = compile(r#"{"type":"array","items":{"type":"integer"},"uniqueItems":true}"#);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    for ok in ["[]", "[0]", "[500,5000,50,-500,-5]", "[1,-1,10,-10,0]", "[9007199254740993,1]"] {
+        assert!(rec.matches(ok.as_bytes()), "{ok}");
+    }
+    for bad in ["[500,500]", "[1,2,1]", "[-3,4,-3]", "[0,1,0]", "[7,8,9,10,7]"] {
+        assert!(!rec.matches(bad.as_bytes()), "{bad}");
+    }
+    // A repeat is refused where it ends: it can always go on instead.
+    let mut s = rec.start();
+    for &b in b"[12,-4,12" {
+        s = rec.advance(&s, b).unwrap();
+    }
+    assert!(rec.advance(&s, b',').is_none() && rec.advance(&s, b']').is_none());
+    assert!(rec.advance(&s, b'3').is_some_and(|s| rec.advance(&s, b']').is_some()));
+    // A zero cannot go on: once written, another is refused at its digit.
+    let mut s = rec.start();
+    for &b in b"[0," {
+        s = rec.advance(&s, b).unwrap();
+    }
+    assert!(rec.advance(&s, b'0').is_none());
+    assert!(rec.advance(&s, b'-').is_some() && rec.advance(&s, b'1').is_some());
+    // `minimum` 0 or above (the xs-app status codes of JSONSchemaBench: `minimum: 1`), and a
+    // `$ref`, still exact; nested arrays keep their own items.
+    let (rec, warnings) = compile(
+        r##"{"type":"array","items":{"$ref":"#/$defs/code"},"uniqueItems":true,"$defs":{"code":{"type":"integer","minimum":1}}}"##,
+    );
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(rec.matches(b"[500,501]"));
+    assert!(!rec.matches(b"[500,500]"));
+    let (rec, _) =
+        compile(r#"{"type":"array","items":{"type":"array","items":{"type":"integer"},"uniqueItems":true}}"#);
+    assert!(rec.matches(b"[[1,2],[1,2]]"));
+    assert!(!rec.matches(b"[[1,2],[2,2]]"));
+    // Bounds that can leave a repeat no way on stay a warning: a maximum, a negative minimum
+    // (`-5`, then `-50` is out of range), a `multipleOf`.
+    for schema in [
+        r#"{"type":"array","items":{"type":"integer","maximum":100},"uniqueItems":true}"#,
+        r#"{"type":"array","items":{"type":"integer","minimum":-5},"uniqueItems":true}"#,
+        r#"{"type":"array","items":{"type":"integer","multipleOf":3},"uniqueItems":true}"#,
+    ] {
+        let (rec, warnings) = compile(schema);
+        assert_eq!(warnings.len(), 1, "{schema}: {warnings:?}");
+        assert!(rec.matches(b"[3,3]"), "{schema}");
+    }
+}
+
+#[test]
 fn unique_items_over_open_strings_are_enforced() {
     let (rec, warnings) =
         compile_recognizer("json-schema", r#"{"type":"array","items":{"type":"string"},"uniqueItems":true}"#, "{}")
