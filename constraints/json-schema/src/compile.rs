@@ -33,7 +33,12 @@
 //!   strings that can always be extended (no `maxLength`; no pattern or format, or one whose
 //!   every live automaton state has infinitely many completions): the state remembers a
 //!   64-bit hash of each item's decoded text, and a closing quote that would repeat one is
-//!   refused, which never leaves the writer stuck. Elsewhere it is a warning. Unknown keywords are ignored, as JSON Schema says, with a warning.
+//!   refused, which never leaves the writer stuck. It is enforced too over integers that can
+//!   always be written longer, and over objects that can always take one more property
+//!   (additional properties allowed, no `maxProperties`; through unions of such objects):
+//!   each item's bytes are captured while it is written and its value hashed by JSON
+//!   equality (`values`) at its `}`, where a repeat is refused and a `,` can be written
+//!   instead. Elsewhere it is a warning. Unknown keywords are ignored, as JSON Schema says, with a warning.
 //! - Regex `pattern`s use the Rust syntax with ECMA-262's ASCII meaning of `\d` and `\w`.
 //!   Strings under a pattern or format are written without `\u` escapes and without `\/`
 //!   (the same values as their plain forms, which a compact serialiser writes): a digit of a
@@ -293,6 +298,7 @@ impl<'a> Compiler<'a> {
             unique: None,
             unique_text: false,
             unique_ints: false,
+            unique_values: false,
         }));
         let string = self.push(Node::String(StringNode { min_len: 0, max_len: u32::MAX, patterns: Vec::new() }));
         let number = self.push(Node::Number(NumberNode {
@@ -1206,6 +1212,7 @@ impl<'a> Compiler<'a> {
             unique: None,
             unique_text: false,
             unique_ints: false,
+            unique_values: false,
         });
         Ok(id)
     }
@@ -1246,12 +1253,17 @@ impl<'a> Compiler<'a> {
                         a.items = number;
                         a.unique_ints = true;
                     }
+                    _ if exact && self.open_objects_of(items) => {
+                        let Node::Array(a) = &mut self.nodes[id as usize] else { continue };
+                        a.unique_values = true;
+                    }
                     _ => self.warnings.push(Warning {
                         location: format!("#{ptr}/uniqueItems"),
                         message: "`uniqueItems` is not enforced: an array may repeat items (it is enforced for \
                               items from an `enum` of at most 64 strings, booleans or null, for \
                               strings with no `maxLength` and no `pattern` or `format` that can run out of ways to \
-                              go on, and for integers with no maximum, no minimum below zero and no `multipleOf`)"
+                              go on, for integers with no maximum, no minimum below zero and no `multipleOf`, \
+                              and for objects that admit additional properties and have no `maxProperties`)"
                             .into(),
                     }),
                 },
@@ -1390,6 +1402,32 @@ impl<'a> Compiler<'a> {
             }
         }
         None
+    }
+
+    /// Whether every value node `id` admits is an object that can always take one more
+    /// property, whatever has been written: additional properties allowed (of any name, or of
+    /// any name no pattern claims, with a value every pattern combination admits), no
+    /// `maxProperties`. Through unions (`anyOf`, `oneOf`, references), all of whose branches
+    /// must be such objects. What [`ArrayNode::unique_values`] needs so a repeat refused at
+    /// its `}` never leaves the writer stuck.
+    fn open_objects_of(&self, id: NodeId) -> bool {
+        let admits = |n: NodeId| n != NEVER && !matches!(self.nodes[n as usize], Node::Never);
+        let (mut todo, mut seen) = (vec![id], std::collections::HashSet::new());
+        while let Some(id) = todo.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            if seen.len() > 256 {
+                return false;
+            }
+            match &self.nodes[id as usize] {
+                Node::Object(o)
+                    if admits(o.additional) && o.max_props == u32::MAX && o.pattern_nodes.iter().all(|&n| admits(n)) => {}
+                Node::Union(alts) if !alts.is_empty() => todo.extend(alts.iter().copied()),
+                _ => return false,
+            }
+        }
+        true
     }
 
     /// The integer node `id` is (through one-branch unions), if every value it admits can be

@@ -173,6 +173,13 @@ pub struct ArrayNode {
     /// refused at the byte that ends it, and a zero already written (which cannot go on)
     /// at its digit.
     pub unique_ints: bool,
+    /// `uniqueItems` enforced exactly over objects that can always take one more property
+    /// (additional properties of any name, no `maxProperties`): each item's bytes are
+    /// captured while it is written, and at the `}` that ends it the hash of its value
+    /// ([`crate::values::canonical_hash`]: members in any order, numbers by value) is looked
+    /// up among the earlier items' (the same list as [`Self::unique_text`]'s); a repeat is
+    /// refused there, where a `,` and another property can always be written instead.
+    pub unique_values: bool,
 }
 
 /// A string shape.

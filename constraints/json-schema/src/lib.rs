@@ -35,6 +35,7 @@ pub mod graph;
 pub mod recognizer;
 pub mod stack;
 pub mod strings;
+pub mod values;
 
 use std::sync::Arc;
 

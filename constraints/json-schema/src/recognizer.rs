@@ -30,6 +30,8 @@ const ARR_OPEN: u8 = 0;
 const ARR_COMMA: u8 = 1;
 const ARR_VALUE: u8 = 2;
 const ARR_CLOSE: u8 = 3; // indented layout, after the newline before `]`: only `]`
+/// [`Frame::Arr`]'s `start` when no captured item is being written.
+const NO_ITEM: u32 = u32::MAX;
 
 /// Number phases (JSON grammar).
 const NUM_START: u8 = 0;
@@ -140,8 +142,11 @@ pub enum Frame {
     /// Inside a key that is not declared (an additional property).
     FreeKey { obj: NodeId, trie: Option<u32>, chars: Chars, dfa: [u32; 4] },
     /// Inside an array; `used`: under an exact `uniqueItems` over literals, those already
-    /// written; `texts`: under one over open strings, the sorted hashes of the items written.
-    Arr { node: NodeId, phase: u8, count: u32, used: u64, texts: Option<Arc<Vec<u64>>> },
+    /// written; `texts`: under one over open strings, integers or objects, the sorted hashes
+    /// (or integer keys) of the items written; `start`: under one over objects
+    /// ([`crate::graph::ArrayNode::unique_values`]), where the item being written begins in
+    /// the stack's capture ([`NO_ITEM`] between items).
+    Arr { node: NodeId, phase: u8, count: u32, used: u64, texts: Option<Arc<Vec<u64>>>, start: u32 },
     /// Inside a string; `text`: for an item under an exact `uniqueItems` over open strings,
     /// the hash of its decoded text so far (see [`extend_text`]).
     Str { node: NodeId, len: u32, chars: Chars, dfa: [u32; 2], text: Option<NonZeroU64> },
@@ -572,9 +577,18 @@ impl SchemaRecognizer {
                         }
                         out.push(stack);
                     }
-                    (OBJ_OPEN, b'}') if self.object_closable(node, next, seen, count) => out.push(stack),
-                    (OBJ_VALUE, b'}') if !indent && self.object_closable(node, next, seen, count) => out.push(stack),
-                    (OBJ_CLOSE, b'}') => out.push(stack),
+                    (OBJ_OPEN, b'}') | (OBJ_VALUE, b'}')
+                        if (phase == OBJ_OPEN || !indent) && self.object_closable(node, next, seen, count) =>
+                    {
+                        if let Some(stack) = self.end_captured_item(stack, b) {
+                            out.push(stack);
+                        }
+                    }
+                    (OBJ_CLOSE, b'}') => {
+                        if let Some(stack) = self.end_captured_item(stack, b) {
+                            out.push(stack);
+                        }
+                    }
                     (OBJ_OPEN, b'"') if indent => {}
                     (OBJ_OPEN | OBJ_COMMA, b'"') if count < o.max_props => {
                         let (lo, hi) = self.key_window(node, next, seen, count);
@@ -684,7 +698,7 @@ impl SchemaRecognizer {
                 stack.push(Frame::FreeKey { obj, trie, chars, dfa });
                 out.push(stack);
             }
-            Frame::Arr { node, phase, count, used, texts } => {
+            Frame::Arr { node, phase, count, used, texts, start } => {
                 let Node::Array(a) = g.node(node) else { return };
                 // Under an exact `uniqueItems`, another item needs an unwritten literal.
                 let more = a.unique.is_none_or(|set| g.literals[set as usize].below[0] & !used != 0);
@@ -695,7 +709,7 @@ impl SchemaRecognizer {
                     (ARR_CLOSE, b']') => out.push(stack),
                     (ARR_VALUE, b',') if more && count < a.max_items && self.item_node(node, count).is_some() => {
                         let d = container_depth(&stack) + 1;
-                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used, texts });
+                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used, texts, start });
                         match layout.after_comma(d) {
                             Some(pad) if !layout.pads[pad as usize].is_empty() => {
                                 stack.push(Frame::Pad { text: pad, pos: 0 })
@@ -708,7 +722,7 @@ impl SchemaRecognizer {
                     (ARR_OPEN, b'\n') if indent && count < a.max_items && self.item_node(node, count).is_some() => {
                         let d = container_depth(&stack) + 1;
                         let Some(pad) = layout.line(d) else { return };
-                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used, texts });
+                        stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used, texts, start });
                         if layout.pads[pad as usize].len() > 1 {
                             stack.push(Frame::Pad { text: pad, pos: 1 });
                         }
@@ -717,7 +731,7 @@ impl SchemaRecognizer {
                     (ARR_VALUE, b'\n') if indent && count >= a.min_items => {
                         let d = container_depth(&stack);
                         let Some(pad) = layout.line(d) else { return };
-                        stack.push(Frame::Arr { node, phase: ARR_CLOSE, count, used, texts });
+                        stack.push(Frame::Arr { node, phase: ARR_CLOSE, count, used, texts, start });
                         if layout.pads[pad as usize].len() > 1 {
                             stack.push(Frame::Pad { text: pad, pos: 1 });
                         }
@@ -726,7 +740,16 @@ impl SchemaRecognizer {
                     (ARR_OPEN, _) if indent => {}
                     (ARR_OPEN | ARR_COMMA, _) if count < a.max_items => {
                         let Some(item) = self.item_node(node, count) else { return };
-                        stack.push(Frame::Arr { node, phase: ARR_VALUE, count: count + 1, used, texts });
+                        // An item compared whole: its bytes are captured from here (the
+                        // capture of an enclosing item, if one is open, goes on).
+                        let start = if a.unique_values {
+                            let at = stack.capture_len().unwrap_or(0);
+                            stack.begin_capture();
+                            at
+                        } else {
+                            NO_ITEM
+                        };
+                        stack.push(Frame::Arr { node, phase: ARR_VALUE, count: count + 1, used, texts, start });
                         match a.unique {
                             Some(set) => {
                                 stack.push(Frame::Lit { set, trie: 0, unique: Some(used) });
@@ -872,7 +895,7 @@ impl SchemaRecognizer {
             }
             Node::Array(_) => {
                 if b == b'[' {
-                    stack.push(Frame::Arr { node, phase: ARR_OPEN, count: 0, used: 0, texts: None });
+                    stack.push(Frame::Arr { node, phase: ARR_OPEN, count: 0, used: 0, texts: None, start: NO_ITEM });
                     out.push(stack);
                 }
             }
@@ -899,6 +922,31 @@ impl SchemaRecognizer {
                 self.step(stack, b, out, depth + 1);
             }
         }
+    }
+
+    /// At `last`, the byte that closes a value whose frame was just popped off `stack`: when
+    /// that value is an item compared whole ([`crate::graph::ArrayNode::unique_values`]),
+    /// records it in its array and closes its capture, or returns `None` when an earlier
+    /// item of the array has the same value (a repeat: the byte is refused).
+    fn end_captured_item(&self, mut stack: Config, last: u8) -> Option<Config> {
+        let Some(&Frame::Arr { node, start, .. }) = stack.top() else { return Some(stack) };
+        if start == NO_ITEM || !matches!(self.graph.node(node), Node::Array(a) if a.unique_values) {
+            return Some(stack);
+        }
+        let mut bytes = stack.captured_since(start);
+        bytes.push(last);
+        let key = crate::values::canonical_hash(&bytes);
+        if !record_item(&mut stack, key) {
+            return None;
+        }
+        if let Some(Frame::Arr { node, phase, count, used, texts, .. }) = stack.pop() {
+            stack.push(Frame::Arr { node, phase, count, used, texts, start: NO_ITEM });
+        }
+        // The outermost captured item began the capture: nothing encloses it.
+        if start == 0 {
+            stack.end_capture();
+        }
+        Some(stack)
     }
 
     /// The frame of string `node` after its opening quote; `text`: the hash to track its text
@@ -1474,6 +1522,9 @@ impl Recognizer for SchemaRecognizer {
             for config in state.configs() {
                 self.step(config.clone(), byte, &mut out, 0);
             }
+            for config in out.iter_mut() {
+                config.capture_byte(byte);
+            }
             if out.len() > 1 {
                 out.sort_unstable_by_key(key::of);
                 out.dedup();
@@ -1531,8 +1582,8 @@ fn mark_used(stack: &mut Config, unique: Option<u64>, value: u32) {
     if unique.is_none() || value >= 64 {
         return;
     }
-    if let Some(Frame::Arr { node, phase, count, used, texts }) = stack.pop() {
-        stack.push(Frame::Arr { node, phase, count, used: used | 1 << value, texts });
+    if let Some(Frame::Arr { node, phase, count, used, texts, start }) = stack.pop() {
+        stack.push(Frame::Arr { node, phase, count, used: used | 1 << value, texts, start });
     }
 }
 
@@ -1615,13 +1666,13 @@ fn record_item(stack: &mut Config, key: u64) -> bool {
     if !matches!(stack.top(), Some(Frame::Arr { .. })) {
         return true;
     }
-    let Some(Frame::Arr { node, phase, count, used, texts }) = stack.pop() else { return true };
+    let Some(Frame::Arr { node, phase, count, used, texts, start }) = stack.pop() else { return true };
     let mut items = texts.as_deref().cloned().unwrap_or_default();
     match items.binary_search(&key) {
         Ok(_) => false,
         Err(at) => {
             items.insert(at, key);
-            stack.push(Frame::Arr { node, phase, count, used, texts: Some(Arc::new(items)) });
+            stack.push(Frame::Arr { node, phase, count, used, texts: Some(Arc::new(items)), start });
             true
         }
     }

@@ -38,6 +38,10 @@ pub struct StringSets {
     content_esc_trie: TokenTrie,
     /// The closing tokens by their tail (the closing quote and what follows it).
     tails: TailIndex,
+    /// The closing tokens with a `}` in their tail: inside an item whose bytes are captured
+    /// (an object under an exact `uniqueItems`), that `}` may end the item, and whether it
+    /// repeats an earlier one depends on the content before the quote too.
+    closing_brace: Vec<u32>,
 }
 
 /// Closing tokens grouped by tail: where the content before the quote cannot change what
@@ -132,6 +136,7 @@ impl StringSets {
                 tokens: Vec::new(),
                 prefix_len: Vec::new(),
             },
+            closing_brace: Vec::new(),
         };
         for id in 0..n as u32 {
             if table.is_special(id) {
@@ -190,6 +195,12 @@ impl StringSets {
         s.closing_noesc_trie = sub_trie(table, &s.closing_noesc);
         s.content_esc_trie = sub_trie(table, &s.content_esc);
         s.tails = TailIndex::build(table, &s.closing);
+        for i in 0..s.tails.tokens.len() {
+            let t = s.tails.tokens[i];
+            if table.token_bytes(t)[s.tails.prefix_len[i] as usize..].contains(&b'}') {
+                s.closing_brace.push(t);
+            }
+        }
         s
     }
 }
@@ -226,7 +237,22 @@ pub fn fill_string_mask(rec: &SchemaRecognizer, state: &State, table: &TokenTabl
         return false;
     }
     for c in &configs {
-        if eligible(rec, c) {
+        if eligible(rec, c) && c.single().is_some_and(|s| s.capture_len().is_some()) {
+            // Inside a captured item the tails are judged without the token's own content,
+            // which a `}` ending the item needs: those tokens are decided whole, on a set of
+            // this configuration's own (another may allow what this one refuses).
+            let walk = |trie: &TokenTrie, set: &mut TokenSet| rec.fill_trie_by_table(c, trie, set);
+            let mut own = TokenSet::new(table.vocab_size());
+            fill_one(rec, c, table, &mut own, &walk, false);
+            for &t in &sets_for(table).closing_brace {
+                if accepts(rec, c, table.token_bytes(t)) {
+                    own.insert(t);
+                } else {
+                    own.remove(t);
+                }
+            }
+            or_into(set, &own);
+        } else if eligible(rec, c) {
             let walk = |trie: &TokenTrie, set: &mut TokenSet| rec.fill_trie_by_table(c, trie, set);
             fill_one(rec, c, table, set, &walk, false);
         } else {
@@ -252,7 +278,8 @@ pub fn fill_embedded_string_mask(
     set: &mut TokenSet,
     outer_walk: SubTrieWalk<'_>,
 ) -> bool {
-    if state.single().is_none() || !eligible(rec, state) {
+    // Inside a captured item (see `fill_string_mask`) the outer walk decides.
+    if state.single().is_none_or(|c| c.capture_len().is_some()) || !eligible(rec, state) {
         return false;
     }
     fill_one(rec, state, table, set, outer_walk, true);

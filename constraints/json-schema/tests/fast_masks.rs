@@ -31,6 +31,10 @@ fn table() -> TokenTable {
         "ab\\",
         " \":",
         " \"",
+        "b\"}",
+        "ab\"}",
+        "b\"},",
+        "1}",
     ] {
         tokens.push(t.as_bytes().to_vec());
     }
@@ -151,4 +155,22 @@ fn fast_masks_equal_the_trie_walk() {
     }
     compare(ints, r#"{"whitespace":"flexible"}"#, "[12, 1");
     compare(r#"{}"#, "{}", r#"{"a":[1,{"b":"#);
+    // Objects under `uniqueItems`: the tokens whose `}` would end a repeat are refused, those
+    // that close a string first (`"}`) included.
+    let objects = r#"{"type":"array","items":{"type":"object","properties":{"name":{"type":"string"},"n":{"type":"integer"}}},"uniqueItems":true}"#;
+    for prefix in [
+        "[",
+        r#"[{"name":"ab"}"#,
+        r#"[{"name":"ab"},"#,
+        r#"[{"name":"ab"},{"name":"a"#,
+        r#"[{"name":"ab"},{"name":"ab"#,
+        r#"[{"name":"ab","n":1},{"name":"ab","n":"#,
+        r#"[{"name":"ab","n":1},{"name":"ab","n":1"#,
+        r#"[{},{"#,
+    ] {
+        compare(objects, "{}", prefix);
+        compare(objects, r#"{"property_order":"any"}"#, prefix);
+    }
+    compare(objects, r#"{"property_order":"any"}"#, r#"[{"n":1,"name":"ab"},{"name":"ab","n":1"#);
+    compare(objects, r#"{"property_order":"any"}"#, r#"[{"x":"ab"},{"x":"a"#);
 }

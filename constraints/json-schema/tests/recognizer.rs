@@ -372,6 +372,73 @@ fn unique_items_over_open_integers_are_enforced() {
 }
 
 #[test]
+fn unique_items_over_open_objects_are_enforced() {
+    let compile = |s: &str, o: &str| compile_recognizer("json-schema", s, o).unwrap();
+    let schema = r#"{"type":"array","uniqueItems":true,"items":{"type":"object","properties":{"name":{"type":"string"},"value":{"type":"number"}},"required":["name"]}}"#;
+    for options in ["{}", r#"{"property_order":"any"}"#, r#"{"whitespace":"flexible"}"#] {
+        let (rec, warnings) = compile(schema, options);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        for ok in [
+            "[]",
+            r#"[{"name":"a"},{"name":"b"}]"#,
+            r#"[{"name":"a"},{"name":"a","value":1}]"#,
+            r#"[{"name":"a","value":1},{"name":"a","value":2},{"name":"a"}]"#,
+            r#"[{"name":"a","x":[1,2]},{"name":"a","x":[2,1]}]"#,
+            r#"[{"name":"a"},{"name":"a","extra":null}]"#,
+        ] {
+            assert!(rec.matches(ok.as_bytes()), "{options}: {ok}");
+        }
+        for bad in [
+            r#"[{"name":"a"},{"name":"a"}]"#,
+            r#"[{"name":"a","value":1},{"name":"b"},{"name":"a","value":1}]"#,
+            // Equal as JSON values: numbers by value, strings by their text.
+            r#"[{"name":"a","value":1},{"name":"a","value":1.0}]"#,
+            r#"[{"name":"A"},{"name":"A"}]"#,
+            r#"[{"name":"a","x":{"p":1,"q":2}},{"name":"a","x":{"p":1,"q":2}}]"#,
+        ] {
+            assert!(!rec.matches(bad.as_bytes()), "{options}: {bad}");
+        }
+    }
+    // Members in another order are the same object (any order only: schema order writes
+    // declared names in one order, additional ones in any).
+    let (rec, _) = compile(schema, r#"{"property_order":"any"}"#);
+    assert!(!rec.matches(br#"[{"name":"a","value":1},{"value":1,"name":"a"}]"#));
+    let (rec, _) = compile(schema, "{}");
+    assert!(!rec.matches(br#"[{"name":"a","p":1,"q":2},{"name":"a","q":2,"p":1}]"#));
+    // A repeat is refused at its `}`, where another member can always be written instead.
+    let mut s = rec.start();
+    for &b in br#"[{"name":"a"},{"name":"a""# {
+        s = rec.advance(&s, b).unwrap();
+    }
+    assert!(rec.advance(&s, b'}').is_none());
+    let on = rec.advance(&s, b',').expect("another member");
+    assert!(rec.matches(br#"[{"name":"a"},{"name":"a","z":0}]"#) && on != s);
+    // Through a union of objects (`oneOf` of references, as JSONSchemaBench's
+    // solidaritySchema), and nested arrays keep their own items.
+    let (rec, warnings) = compile(
+        r##"{"type":"array","uniqueItems":true,"items":{"oneOf":[{"$ref":"#/$defs/a"},{"$ref":"#/$defs/b"}]},
+            "$defs":{"a":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},
+                     "b":{"type":"object","properties":{"b":{"type":"array","uniqueItems":true,"items":{"type":"object"}}},"required":["b"]}}}"##,
+        "{}",
+    );
+    assert!(warnings.iter().all(|w| !w.location.ends_with("/uniqueItems")), "{warnings:?}");
+    assert!(rec.matches(br#"[{"a":1},{"b":[{},{"x":1}]},{"b":[{"x":1},{}]}]"#));
+    assert!(!rec.matches(br#"[{"a":1},{"a":1}]"#));
+    assert!(!rec.matches(br#"[{"b":[{}]},{"b":[{}]}]"#));
+    assert!(!rec.matches(br#"[{"b":[{},{}]}]"#));
+    // Objects that may run out of members to add stay a warning, and repeats are admitted.
+    for schema in [
+        r#"{"type":"array","uniqueItems":true,"items":{"type":"object","properties":{"a":{}},"additionalProperties":false}}"#,
+        r#"{"type":"array","uniqueItems":true,"items":{"type":"object","maxProperties":2}}"#,
+        r#"{"type":"array","uniqueItems":true,"items":{"anyOf":[{"type":"object"},{"type":"number"}]}}"#,
+    ] {
+        let (rec, warnings) = compile(schema, "{}");
+        assert_eq!(warnings.len(), 1, "{schema}: {warnings:?}");
+        assert!(rec.matches(b"[{},{}]"), "{schema}");
+    }
+}
+
+#[test]
 fn unique_items_over_open_strings_are_enforced() {
     let (rec, warnings) =
         compile_recognizer("json-schema", r#"{"type":"array","items":{"type":"string"},"uniqueItems":true}"#, "{}")
