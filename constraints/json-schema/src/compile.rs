@@ -1221,7 +1221,10 @@ impl<'a> Compiler<'a> {
     /// of strings, booleans, null), by remembering in the state which values were written,
     /// and where every item is an open string (see [`Self::open_string_of`]: whatever has
     /// been written can be extended, so refusing the closing quote of a repeat never leaves
-    /// the writer stuck), by remembering a hash of each item's decoded text; elsewhere a warning
+    /// the writer stuck), by remembering a hash of each item's decoded text; likewise over
+    /// strings with only a `maxLength`, literals beside such strings
+    /// ([`Self::tracked_items_of`]), integers that can always be written longer, and objects
+    /// that can always take another property ([`Self::open_objects_of`]); elsewhere a warning
     /// (other values could repeat in ways that are only visible once they end, with no way
     /// to avoid it by then). Runs once all nodes are built.
     fn resolve_unique_arrays(&mut self) {
@@ -1253,6 +1256,10 @@ impl<'a> Compiler<'a> {
                         a.items = number;
                         a.unique_ints = true;
                     }
+                    _ if exact && self.tracked_items_of(items) => {
+                        let Node::Array(a) = &mut self.nodes[id as usize] else { continue };
+                        a.unique_text = true;
+                    }
                     _ if exact && self.open_objects_of(items) => {
                         let Node::Array(a) = &mut self.nodes[id as usize] else { continue };
                         a.unique_values = true;
@@ -1261,8 +1268,8 @@ impl<'a> Compiler<'a> {
                         location: format!("#{ptr}/uniqueItems"),
                         message: "`uniqueItems` is not enforced: an array may repeat items (it is enforced for \
                               items from an `enum` of at most 64 strings, booleans or null, for \
-                              strings with no `maxLength` and no `pattern` or `format` that can run out of ways to \
-                              go on, for integers with no maximum, no minimum below zero and no `multipleOf`, \
+                              strings with no `pattern` or `format` that can run out of ways to go on and no \
+                              `maxLength` beside a pattern (with those literals beside them), for integers with no maximum, no minimum below zero and no `multipleOf`, \
                               and for objects that admit additional properties and have no `maxProperties`)"
                             .into(),
                     }),
@@ -1404,6 +1411,32 @@ impl<'a> Compiler<'a> {
         None
     }
 
+    /// Whether every value node `id` admits (through unions) is a string that can always be
+    /// written on or a small literal set: what [`ArrayNode::unique_text`] needs. A string
+    /// qualifies with no `maxLength` and no pattern or one with infinitely many completions
+    /// ([`Self::open_string_of`]), or with a `maxLength` of at least 1 and no pattern (a
+    /// repeat is then refused at the character that fills it, and another character is
+    /// always left).
+    fn tracked_items_of(&self, id: NodeId) -> bool {
+        let (mut todo, mut seen) = (vec![id], std::collections::HashSet::new());
+        while let Some(id) = todo.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            if seen.len() > 256 {
+                return false;
+            }
+            match &self.nodes[id as usize] {
+                Node::String(s) if s.patterns.is_empty() && s.max_len >= 1 && s.min_len <= s.max_len => {}
+                Node::String(_) if self.open_string_of(id).is_some() => {}
+                Node::Literals(set) if self.literals[*set as usize].len() <= 64 => {}
+                Node::Union(alts) if !alts.is_empty() => todo.extend(alts.iter().copied()),
+                _ => return false,
+            }
+        }
+        true
+    }
+
     /// Whether every value node `id` admits is an object that can always take one more
     /// property, whatever has been written: additional properties allowed (of any name, or of
     /// any name no pattern claims, with a value every pattern combination admits), no
@@ -1422,7 +1455,9 @@ impl<'a> Compiler<'a> {
             }
             match &self.nodes[id as usize] {
                 Node::Object(o)
-                    if admits(o.additional) && o.max_props == u32::MAX && o.pattern_nodes.iter().all(|&n| admits(n)) => {}
+                    if admits(o.additional)
+                        && o.max_props == u32::MAX
+                        && o.pattern_nodes.iter().all(|&n| admits(n)) => {}
                 Node::Union(alts) if !alts.is_empty() => todo.extend(alts.iter().copied()),
                 _ => return false,
             }

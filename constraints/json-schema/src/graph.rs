@@ -163,9 +163,13 @@ pub struct ArrayNode {
     /// `uniqueItems` enforced exactly: the items are values of this literal set (an `enum` of
     /// at most 64 strings, booleans or null), each written at most once.
     pub unique: Option<u32>,
-    /// `uniqueItems` enforced exactly over open strings: every item is a string with no
-    /// pattern and no `maxLength`, so a repeat can always be avoided by writing on; the
-    /// array's state remembers a hash of each item's decoded text.
+    /// `uniqueItems` enforced exactly over strings and literals: every item is a string that
+    /// can always be written on (no pattern or one whose automaton never runs out of ways to
+    /// go on; no `maxLength`, or none but `maxLength`) or one of a literal set of at most 64
+    /// (`null`, booleans, an `enum`). The array's state remembers a hash of each item's
+    /// decoded text (or the literal's key, [`LiteralTrie::keys`]); a string repeat is refused
+    /// at its closing quote, or at the character that fills its `maxLength`; a literal at the
+    /// first byte past which only written ones are left.
     pub unique_text: bool,
     /// `uniqueItems` enforced exactly over integers that can always be written longer (no
     /// upper bound, none below zero, no `multipleOf`): the array's state remembers each
@@ -247,13 +251,21 @@ pub struct LiteralTrie {
     pub value: Vec<u32>,
     /// Per node: the literals (of the first 64) that end at or below it, as bits.
     pub below: Vec<u64>,
+    /// By literal index: its key as an item under an exact `uniqueItems` over strings and
+    /// literals ([`crate::values::literal_key`]).
+    pub keys: Vec<u64>,
 }
 
 impl LiteralTrie {
     /// The trie of `values`; equal values share their index (the first one's).
     pub fn build<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let mut t =
-            LiteralTrie { edges: Edges::default(), terminal: vec![false], value: vec![u32::MAX], below: vec![0] };
+        let mut t = LiteralTrie {
+            edges: Edges::default(),
+            terminal: vec![false],
+            value: vec![u32::MAX],
+            below: vec![0],
+            keys: Vec::new(),
+        };
         let mut count = 0u32;
         for v in values {
             let mut path = vec![0usize];
@@ -271,6 +283,7 @@ impl LiteralTrie {
             if !t.terminal[n] {
                 t.terminal[n] = true;
                 t.value[n] = count;
+                t.keys.push(crate::values::literal_key(v));
                 if count < 64 {
                     for &p in &path {
                         t.below[p] |= 1 << count;

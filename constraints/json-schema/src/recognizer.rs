@@ -755,13 +755,8 @@ impl SchemaRecognizer {
                                 stack.push(Frame::Lit { set, trie: 0, unique: Some(used) });
                                 self.step(stack, b, out, depth + 1);
                             }
-                            // An open string whose text is tracked from its first byte.
-                            None if a.unique_text => {
-                                if b == b'"' {
-                                    stack.push(self.string_start(item, Some(TEXT_START)));
-                                    out.push(stack);
-                                }
-                            }
+                            // A string whose text is tracked from its first byte, or a literal.
+                            None if a.unique_text => self.start_tracked_item(stack, item, b, out, depth + 1),
                             None => self.start_value(stack, item, b, out, depth + 1),
                         }
                     }
@@ -785,6 +780,15 @@ impl SchemaRecognizer {
                 }
                 let Some(next_chars) = advance_chars(chars, b) else { return };
                 let text = text.map(|h| hash_text(h, text_bytes(chars, next_chars, b).as_slice()));
+                // A tracked item that this character fills to its `maxLength` can only close:
+                // a repeat is refused here, where another character can be written instead.
+                if let Some(h) = text
+                    && len == s.max_len
+                    && next_chars.is_plain()
+                    && item_written(&stack, h.get())
+                {
+                    return;
+                }
                 // Feed the decoded bytes to the pattern automata.
                 let mut dfa = dfa;
                 if !s.patterns.is_empty() {
@@ -846,6 +850,10 @@ impl SchemaRecognizer {
             }
             Frame::Lit { set, trie, unique } => {
                 let lits = &g.literals[set as usize];
+                // An item beside tracked strings (`ArrayNode::unique_text`): the literals
+                // whose keys the array has written count as used.
+                let tracked = unique.is_none() && is_tracked_item(g, &stack);
+                let unique = if tracked { Some(written_literals(&stack, lits)) } else { unique };
                 // Under an exact `uniqueItems`: only towards literals not written yet, and the
                 // one completed is recorded in the array.
                 let fresh = |node: u32| unique.is_none_or(|used| lits.below[node as usize] & !used != 0);
@@ -853,21 +861,30 @@ impl SchemaRecognizer {
                     lits.terminal[node as usize]
                         && unique.is_none_or(|used| used >> lits.value[node as usize].min(63) & 1 == 0)
                 };
+                let record = |stack: &mut Config, value: u32| {
+                    if tracked {
+                        record_item(stack, lits.keys[value as usize]);
+                    } else {
+                        mark_used(stack, unique, value);
+                    }
+                };
                 if let Some(t) = lits.child(trie, b) {
                     if !fresh(t) {
                         return;
                     }
                     if lits.terminal[t as usize] && lits.edges.is_leaf(t) {
                         if complete(t) {
-                            mark_used(&mut stack, unique, lits.value[t as usize]);
+                            record(&mut stack, lits.value[t as usize]);
                             out.push(stack);
                         }
                     } else {
+                        // A tracked item's literal frame reads the array's list afresh.
+                        let unique = if tracked { None } else { unique };
                         stack.push(Frame::Lit { set, trie: t, unique });
                         out.push(stack);
                     }
                 } else if complete(trie) {
-                    mark_used(&mut stack, unique, lits.value[trie as usize]);
+                    record(&mut stack, lits.value[trie as usize]);
                     self.step(stack, b, out, depth + 1);
                 }
             }
@@ -921,6 +938,28 @@ impl SchemaRecognizer {
                 stack.push(Frame::Lit { set: *set, trie: 0, unique: None });
                 self.step(stack, b, out, depth + 1);
             }
+        }
+    }
+
+    /// Starts an item of an array under [`crate::graph::ArrayNode::unique_text`] with byte
+    /// `b`: a string alternative tracks its text, a literal one checks the array's list.
+    fn start_tracked_item(&self, mut stack: Config, node: NodeId, b: u8, out: &mut Vec<Config>, depth: u32) {
+        if depth > 64 {
+            return;
+        }
+        match self.graph.node(node) {
+            Node::Union(alts) => {
+                for &alt in alts {
+                    self.start_tracked_item(stack.clone(), alt, b, out, depth + 1);
+                }
+            }
+            Node::String(_) => {
+                if b == b'"' {
+                    stack.push(self.string_start(node, Some(TEXT_START)));
+                    out.push(stack);
+                }
+            }
+            _ => self.start_value(stack, node, b, out, depth + 1),
         }
     }
 
@@ -1643,6 +1682,27 @@ fn is_unique_int_item(g: &Graph, stack: &Config, node: NodeId) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether the frame popped off `stack` is an item of an array under an exact `uniqueItems`
+/// over strings and literals (the array's frame is the next one down).
+fn is_tracked_item(g: &Graph, stack: &Config) -> bool {
+    match stack.top() {
+        Some(Frame::Arr { node, .. }) => matches!(g.node(*node), Node::Array(a) if a.unique_text),
+        _ => false,
+    }
+}
+
+/// The literals of `lits` (of the first 64) whose keys the array below the top of `stack`
+/// has written, as bits.
+fn written_literals(stack: &Config, lits: &crate::graph::LiteralTrie) -> u64 {
+    let Some(Frame::Arr { texts: Some(items), .. }) = stack.top() else { return 0 };
+    lits.keys
+        .iter()
+        .take(64)
+        .enumerate()
+        .filter(|(_, k)| items.binary_search(k).is_ok())
+        .fold(0, |m, (i, _)| m | 1 << i)
 }
 
 /// The key of an integer item in its array's list: the bits of its magnitude as `f64` (an

@@ -360,13 +360,49 @@ fn fill_one(
             } else if left == u32::MAX {
                 or_into(set, &sets.content_noesc);
             } else {
+                // A tracked item (under an exact `uniqueItems`) that a token fills to its
+                // `maxLength` must not repeat an earlier item: those tokens are checked.
+                let filled = state.tracked_text().filter(|(_, items)| items.as_ref().is_some_and(|i| !i.is_empty()));
+                let repeats = |t: u32| {
+                    filled.as_ref().is_some_and(|(h, items)| {
+                        extend_text(*h, table.token_bytes(t))
+                            .is_some_and(|h| items.as_ref().is_some_and(|i| i.binary_search(&h.get()).is_ok()))
+                    })
+                };
                 for c in 1..=left.min(16) as usize {
-                    or_into(set, &sets.by_len[c]);
+                    if c as u32 == left && filled.is_some() {
+                        for t in sets.by_len[c].iter().filter(|&t| !repeats(t)) {
+                            set.insert(t);
+                        }
+                    } else {
+                        or_into(set, &sets.by_len[c]);
+                    }
                 }
                 for &(t, c) in &sets.long {
-                    if c <= left {
+                    if c <= left && !(c == left && repeats(t)) {
                         set.insert(t);
                     }
+                }
+                // Closing tokens of a tracked item: by their tails, where the content before
+                // the quote fits the room left and its text repeats no item.
+                let tracked = state.tracked_text().and_then(|t| Some((t, state.untracked_text()?)));
+                if let Some(((h, items), free)) =
+                    tracked.filter(|_| !embedded && s.patterns.is_empty() && *len >= s.min_len)
+                {
+                    walk(&sets.content_esc_trie, set);
+                    let fresh = |t: u32, prefix: usize| {
+                        let bytes = table.token_bytes(t);
+                        if bytes[prefix + 1..].iter().filter(|&&b| b == b'"').count() >= 2 {
+                            return accepts(rec, state, bytes);
+                        }
+                        content_chars(&bytes[..prefix]) <= left
+                            && extend_text(h, &bytes[..prefix]).is_some_and(|h| {
+                                items.as_ref().is_none_or(|items| items.binary_search(&h.get()).is_err())
+                            })
+                    };
+                    let walk_free = |trie: &TokenTrie, ok: &mut TokenSet| rec.fill_trie_by_table(&free, trie, ok);
+                    sets.tails.fill(set, &walk_free, fresh);
+                    return;
                 }
             }
             walk(&sets.content_esc_trie, set);
@@ -421,6 +457,19 @@ fn fill_one(
         }
         _ => {}
     }
+}
+
+/// The characters of string content `bytes` (counted at their first byte, as the recogniser
+/// counts them against `maxLength`).
+fn content_chars(bytes: &[u8]) -> u32 {
+    let (mut c, mut n) = (Chars::default(), 0u32);
+    for &b in bytes {
+        if c.is_plain() {
+            n += 1;
+        }
+        c = crate::recognizer::advance_chars(c, b).unwrap_or_default();
+    }
+    n
 }
 
 /// Whether `state` takes all of `bytes`.

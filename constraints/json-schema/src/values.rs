@@ -31,17 +31,34 @@ pub fn value_hash(v: &Value) -> u64 {
             let f = if f == 0.0 { 0.0 } else { f }; // -0 equals 0
             mix(3, f.to_bits())
         }
-        Value::String(s) => mix(4, fnv(0xcbf2_9ce4_8422_2325, s.as_bytes())),
+        Value::String(s) => mix(4, fnv(TEXT_BASIS, s.as_bytes())),
         Value::Array(items) => items.iter().fold(mix(5, items.len() as u64), |h, item| mix(h, value_hash(item))),
         Value::Object(members) => {
             // Members in a canonical order: sorted by their own hashes.
-            let mut hashes: Vec<u64> = members
-                .iter()
-                .map(|(k, v)| mix(fnv(0xcbf2_9ce4_8422_2325, k.as_bytes()), value_hash(v)))
-                .collect();
+            let mut hashes: Vec<u64> =
+                members.iter().map(|(k, v)| mix(fnv(TEXT_BASIS, k.as_bytes()), value_hash(v))).collect();
             hashes.sort_unstable();
             hashes.iter().fold(mix(6, hashes.len() as u64), |h, &m| mix(h, m))
         }
+    }
+}
+
+/// The FNV-1a basis of a tracked string's text hash.
+const TEXT_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// The key of a string item with decoded text `text` in its array's list of items written:
+/// the recogniser's hash of a tracked string (FNV-1a of the UTF-8 text, kept off zero).
+pub fn text_key(text: &[u8]) -> u64 {
+    fnv(TEXT_BASIS, text).max(1)
+}
+
+/// The key of literal `bytes` (a compact JSON value) as an item under an exact
+/// `uniqueItems` over strings and literals: a string's [`text_key`], another value's
+/// [`canonical_hash`].
+pub fn literal_key(bytes: &[u8]) -> u64 {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::String(s)) => text_key(s.as_bytes()),
+        _ => canonical_hash(bytes),
     }
 }
 
@@ -71,7 +88,13 @@ mod tests {
             (b"10", b"1e1"),
         ];
         for (a, b) in same {
-            assert_eq!(canonical_hash(a), canonical_hash(b), "{} vs {}", String::from_utf8_lossy(a), String::from_utf8_lossy(b));
+            assert_eq!(
+                canonical_hash(a),
+                canonical_hash(b),
+                "{} vs {}",
+                String::from_utf8_lossy(a),
+                String::from_utf8_lossy(b)
+            );
         }
         let different = [
             (&br#"{"a":1}"#[..], &br#"{"a":"1"}"#[..]),
@@ -82,7 +105,13 @@ mod tests {
             (b"null", b"false"),
         ];
         for (a, b) in different {
-            assert_ne!(canonical_hash(a), canonical_hash(b), "{} vs {}", String::from_utf8_lossy(a), String::from_utf8_lossy(b));
+            assert_ne!(
+                canonical_hash(a),
+                canonical_hash(b),
+                "{} vs {}",
+                String::from_utf8_lossy(a),
+                String::from_utf8_lossy(b)
+            );
         }
     }
 }

@@ -173,4 +173,15 @@ fn fast_masks_equal_the_trie_walk() {
     }
     compare(objects, r#"{"property_order":"any"}"#, r#"[{"n":1,"name":"ab"},{"name":"ab","n":1"#);
     compare(objects, r#"{"property_order":"any"}"#, r#"[{"x":"ab"},{"x":"a"#);
+    // Bounded strings beside `null` under `uniqueItems`: tokens that fill `maxLength` with a
+    // repeat, and closing tokens that repeat, are refused.
+    let tags = r#"{"type":"array","items":{"type":["string","null"],"minLength":1,"maxLength":3},"uniqueItems":true}"#;
+    for prefix in
+        ["[", r#"[""#, r#"["ab","a"#, r#"["abc",""#, r#"["abc","a"#, r#"["abc","ab"#, "[null,", r#"["a",null,""#]
+    {
+        compare(tags, "{}", prefix);
+    }
+    let long = r#"{"type":"array","items":{"type":"string","maxLength":21},"uniqueItems":true}"#;
+    compare(long, "{}", r#"["azzzzzzzzzzzzzzzzzzzz",""#);
+    compare(long, "{}", r#"["azzzzzzzzzzzzzzzzzzzz","a"#);
 }

@@ -315,7 +315,8 @@ fn unique_items_from_an_enum_are_enforced() {
         .is_err()
     );
     // Items that can repeat only in ways visible at their end: a warning, not enforced.
-    let (rec, warnings) = compile(r#"{"type":"array","items":{"type":"string","maxLength":3},"uniqueItems":true}"#);
+    let (rec, warnings) =
+        compile(r#"{"type":"array","items":{"type":"string","maxLength":3,"pattern":"^x"},"uniqueItems":true}"#);
     assert_eq!(warnings.len(), 1);
     assert_eq!(warnings[0].location, "#/uniqueItems");
     assert!(rec.matches(br#"["x","x"]"#));
@@ -436,6 +437,47 @@ fn unique_items_over_open_objects_are_enforced() {
         assert_eq!(warnings.len(), 1, "{schema}: {warnings:?}");
         assert!(rec.matches(b"[{},{}]"), "{schema}");
     }
+}
+
+#[test]
+fn unique_items_over_bounded_strings_and_literals_are_enforced() {
+    let compile = |s: &str| compile_recognizer("json-schema", s, "{}").unwrap();
+    // JSONSchemaBench's winget tags: nullable strings of 1 to 40 characters (here 3).
+    let (rec, warnings) = compile(
+        r#"{"type":"array","uniqueItems":true,"items":{"type":["string","null"],"minLength":1,"maxLength":3}}"#,
+    );
+    assert!(warnings.is_empty(), "{warnings:?}");
+    for ok in ["[]", r#"["a","ab","abc",null]"#, r#"["abc","abd"]"#, r#"[null,"nul"]"#, r#"["é","e"]"#] {
+        assert!(rec.matches(ok.as_bytes()), "{ok}");
+    }
+    for bad in [r#"["a","a"]"#, "[null,null]", r#"["abc","abc"]"#, r#"["ab","ab"]"#, r#"["abcd"]"#, r#"[""]"#] {
+        assert!(!rec.matches(bad.as_bytes()), "{bad}");
+    }
+    let after = |prefix: &[u8]| prefix.iter().fold(rec.start(), |s, &b| rec.advance(&s, b).unwrap());
+    // A repeat that fills `maxLength` is refused at its last character, another is free.
+    let s = after(br#"["abc","ab"#);
+    assert!(rec.advance(&s, b'c').is_none());
+    assert!(rec.advance(&s, b'd').is_some_and(|s| rec.advance(&s, b'"').is_some()));
+    // A shorter repeat at its closing quote, where it can go on instead.
+    let s = after(br#"["ab","ab"#);
+    assert!(rec.advance(&s, b'"').is_none() && rec.advance(&s, b'x').is_some());
+    // `null` once written is refused at its first byte.
+    let s = after(b"[null,");
+    assert!(rec.advance(&s, b'n').is_none() && rec.advance(&s, b'"').is_some());
+    // Literals of other kinds beside strings; an `enum` string is the same item as a free one.
+    let (rec, warnings) = compile(
+        r#"{"type":"array","uniqueItems":true,"items":{"anyOf":[{"type":"string"},{"enum":["x",null]},{"type":"boolean"}]}}"#,
+    );
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(rec.matches(br#"["x","y",null,true,false]"#));
+    for bad in [r#"["x","x"]"#, "[null,null]", "[true,false,true]", r#"["y","x","y"]"#] {
+        assert!(!rec.matches(bad.as_bytes()), "{bad}");
+    }
+    // A pattern beside `maxLength` stays a warning.
+    let (rec, warnings) =
+        compile(r#"{"type":"array","uniqueItems":true,"items":{"type":"string","pattern":"^a+$","maxLength":3}}"#);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(rec.matches(br#"["a","a"]"#));
 }
 
 #[test]
