@@ -45,6 +45,9 @@ pub enum ConstraintCommand {
         /// instance is walked as that tool's call. Overrides --plugin and --kind.
         #[arg(long, value_name = "FORMAT")]
         as_tools: Option<String>,
+        /// How many of the slowest masks and compiles to list (text output).
+        #[arg(long, default_value_t = 5)]
+        slowest: usize,
     },
     /// Tokenise TEXT, walk it through a matcher of the constraint, print per token whether it
     /// was allowed and which forced spans were met; exit 0 only if the text is accepted.
@@ -77,7 +80,18 @@ pub enum ConstraintCommand {
 
 pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
     let (runtime, plugin, kind, source, source_file, options, tokenizer, text) = match cmd {
-        ConstraintCommand::Maskbench { runtime, tokenizer, data, limit, json, plugin, kind, options, as_tools } => {
+        ConstraintCommand::Maskbench {
+            runtime,
+            tokenizer,
+            data,
+            limit,
+            json,
+            plugin,
+            kind,
+            options,
+            as_tools,
+            slowest,
+        } => {
             let as_tools = as_tools
                 .map(|f| {
                     dspark_plugin_tool_call::Format::from_name(&f).ok_or_else(|| {
@@ -97,6 +111,7 @@ pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
                 data,
                 limit,
                 json,
+                slowest,
             });
         }
         ConstraintCommand::Check { runtime, plugin, kind, source, source_file, options, tokenizer, text } => {

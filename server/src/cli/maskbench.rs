@@ -38,6 +38,8 @@ pub struct Args {
     pub data: PathBuf,
     pub limit: Option<usize>,
     pub json: bool,
+    /// How many of the slowest masks and compiles the text output lists.
+    pub slowest: usize,
     /// Wrap each schema as a tool in this format.
     pub as_tools: Option<dspark_plugin_tool_call::Format>,
 }
@@ -70,6 +72,10 @@ struct Stats {
     rolled_back_tokens: usize,
     /// The slowest masks: (µs, file, token index).
     slowest: Vec<(f64, String, usize)>,
+    /// The slowest compiles: (ms, file).
+    slowest_compiles: Vec<(f64, String)>,
+    /// How many of each are kept.
+    listed: usize,
     current: String,
     /// Files whose compile trapped.
     trapped: Vec<String>,
@@ -152,11 +158,11 @@ fn walk(
         if let Some(s) = stats.as_deref_mut() {
             let us = dt.as_secs_f64() * 1e6;
             s.mask_us.push(us);
-            if s.slowest.len() < 5 || us > s.slowest[s.slowest.len() - 1].0 {
+            if s.slowest.len() < s.listed || s.slowest.last().is_some_and(|last| us > last.0) {
                 let entry = (us, s.current.clone(), i);
                 s.slowest.push(entry);
                 s.slowest.sort_by(|a, b| b.0.total_cmp(&a.0));
-                s.slowest.truncate(5);
+                s.slowest.truncate(s.listed);
             }
         }
         if !mask.allows(tokens[i]) {
@@ -278,7 +284,7 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     if let Some(n) = args.limit {
         files.truncate(n);
     }
-    let mut s = Stats::default();
+    let mut s = Stats { listed: args.slowest, ..Stats::default() };
     for f in &files {
         let Some(case) = read_case(f, &args) else { continue };
         s.schemas += 1;
@@ -294,7 +300,13 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                 continue;
             }
         };
-        s.compile_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        s.compile_ms.push(ms);
+        if s.slowest_compiles.len() < s.listed || s.slowest_compiles.last().is_some_and(|last| ms > last.0) {
+            s.slowest_compiles.push((ms, s.current.clone()));
+            s.slowest_compiles.sort_by(|a, b| b.0.total_cmp(&a.0));
+            s.slowest_compiles.truncate(s.listed);
+        }
         s.compiled += 1;
         let mut warned: Vec<&str> =
             compiled.warnings.iter().map(|(location, _)| location.rsplit('/').next().unwrap_or("")).collect();
@@ -408,6 +420,9 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         }
         for (us, file, i) in &s.slowest {
             println!("  slow mask        {us:.0} µs at token {i} of {file}");
+        }
+        for (ms, file) in &s.slowest_compiles {
+            println!("  slow compile     {ms:.1} ms: {file}");
         }
         println!("fast-forward share {:.1}% of {} tokens", 100.0 * ff_share, s.tokens);
         println!(
