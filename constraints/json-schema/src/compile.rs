@@ -46,6 +46,7 @@
 //!   requires is then forced.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use dspark_guest::{ConstraintError, ErrorCode, Warning};
 use regex_automata::MatchKind;
@@ -169,8 +170,8 @@ pub struct Compiler<'a> {
     root: &'a Value,
     nodes: Vec<Node>,
     literals: Vec<LiteralTrie>,
-    dfas: Vec<dense::DFA<Vec<u32>>>,
-    live: Vec<LiveTable>,
+    dfas: Vec<Arc<dense::DFA<Vec<u32>>>>,
+    live: Vec<Arc<LiveTable>>,
     /// Arrays with `uniqueItems: true` and their pointers, decided at the end.
     unique_arrays: Vec<(NodeId, String)>,
     dfa_cache: HashMap<(String, bool), u32>,
@@ -1702,44 +1703,22 @@ impl<'a> Compiler<'a> {
         dfa.is_match_state(dfa.next_eoi_state(st))
     }
 
+    /// The index of `pattern`'s automaton in this compile's graph: built once per compile,
+    /// and taken from [`BUILT`] where an earlier compile built it.
     fn dfa(&mut self, pattern: &str, search: bool, at: &str) -> Result<u32, ConstraintError> {
         if let Some(&i) = self.dfa_cache.get(&(pattern.to_string(), search)) {
             return Ok(i);
         }
-        let translated = ecma_to_rust(pattern);
-        regex_automata::util::syntax::parse(&translated)
-            .map_err(|e| err(ErrorCode::Unsupported, at, format!("pattern `{pattern}` is not supported: {e}")))?;
-        // A search matches anywhere, so pad with `.*` on each side that is not anchored; an
-        // explicit `^...$` pattern needs no padding (and no look-around in the automaton).
-        let full = if search {
-            let (head, body) = match translated.strip_prefix('^') {
-                Some(rest) => ("", rest.to_string()),
-                None => ("(?s:.)*", translated.clone()),
-            };
-            let ends = body.ends_with('$') && !body.ends_with("\\$");
-            let (body, tail) = if ends { (body[..body.len() - 1].to_string(), "") } else { (body, "(?s:.)*") };
-            // Only strip when the anchors bind the whole pattern (no top-level alternation).
-            if top_level_alternation(&body) {
-                format!("(?s:.)*(?:{translated})(?s:.)*\\z")
-            } else {
-                format!("{head}(?:{body}){tail}\\z")
+        let (dfa, live) = match built_automaton(pattern, search) {
+            Some(built) => built,
+            None => {
+                let (dfa, live) = build_automaton(pattern, search, at)?;
+                let built = (Arc::new(dfa), Arc::new(live));
+                remember_automaton(pattern, search, &built);
+                built
             }
-        } else {
-            format!("(?:{translated})\\z")
         };
-        let dfa = dense::Builder::new()
-            .configure(
-                dense::Config::new()
-                    .start_kind(StartKind::Anchored)
-                    .match_kind(MatchKind::All)
-                    .dfa_size_limit(Some(MAX_DFA_BYTES))
-                    .determinize_size_limit(Some(MAX_DFA_BYTES)),
-            )
-            .build(&full)
-            .map_err(|e| err(ErrorCode::TooLarge, at, format!("pattern `{pattern}` is too complex to compile: {e}")))?;
-        self.live.push(live_states(&dfa).ok_or_else(|| {
-            err(ErrorCode::TooLarge, at, format!("pattern `{pattern}` has too many automaton states"))
-        })?);
+        self.live.push(live);
         self.dfas.push(dfa);
         let i = (self.dfas.len() - 1) as u32;
         self.dfa_cache.insert((pattern.to_string(), search), i);
@@ -2591,6 +2570,89 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
         }
     }
     Ok(a)
+}
+
+/// Automata built by earlier compiles, by (pattern, search): formats (`date-time`, `uri`,
+/// `email`) and common patterns recur across schemas, and determinising one costs far more
+/// (up to tens of milliseconds for a counted repetition under search semantics) than the
+/// lookup. Bounded by the automata's memory; emptied when full.
+static BUILT: Mutex<Option<BuiltAutomata>> = Mutex::new(None);
+
+/// A pattern's automaton and its live states, shared between the graphs that use it.
+type Automaton = (Arc<dense::DFA<Vec<u32>>>, Arc<LiveTable>);
+
+/// The contents of [`BUILT`].
+#[derive(Default)]
+struct BuiltAutomata {
+    by_pattern: HashMap<(String, bool), Automaton>,
+    bytes: usize,
+}
+
+/// The most automaton memory [`BUILT`] keeps.
+const MAX_BUILT_BYTES: usize = 32 << 20;
+
+/// The automaton of `pattern` built by an earlier compile, if kept.
+fn built_automaton(pattern: &str, search: bool) -> Option<Automaton> {
+    let built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    built.as_ref()?.by_pattern.get(&(pattern.to_string(), search)).cloned()
+}
+
+/// Keeps a built automaton for later compiles.
+fn remember_automaton(pattern: &str, search: bool, built: &Automaton) {
+    let size = built.0.memory_usage() + built.1.dist.len() * 5;
+    if size > MAX_BUILT_BYTES / 4 {
+        return;
+    }
+    let mut guard = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = guard.get_or_insert_with(BuiltAutomata::default);
+    if cache.bytes + size > MAX_BUILT_BYTES {
+        *cache = BuiltAutomata::default();
+    }
+    cache.bytes += size;
+    cache.by_pattern.insert((pattern.to_string(), search), (built.0.clone(), built.1.clone()));
+}
+
+/// Builds the automaton of `pattern` (ECMA-262 syntax; `search`: matching anywhere, as
+/// `pattern` does, rather than whole, as `propertyNames` enums do) and its live states.
+fn build_automaton(
+    pattern: &str,
+    search: bool,
+    at: &str,
+) -> Result<(dense::DFA<Vec<u32>>, LiveTable), ConstraintError> {
+    let translated = ecma_to_rust(pattern);
+    regex_automata::util::syntax::parse(&translated)
+        .map_err(|e| err(ErrorCode::Unsupported, at, format!("pattern `{pattern}` is not supported: {e}")))?;
+    // A search matches anywhere, so pad with `.*` on each side that is not anchored; an
+    // explicit `^...$` pattern needs no padding (and no look-around in the automaton).
+    let full = if search {
+        let (head, body) = match translated.strip_prefix('^') {
+            Some(rest) => ("", rest.to_string()),
+            None => ("(?s:.)*", translated.clone()),
+        };
+        let ends = body.ends_with('$') && !body.ends_with("\\$");
+        let (body, tail) = if ends { (body[..body.len() - 1].to_string(), "") } else { (body, "(?s:.)*") };
+        // Only strip when the anchors bind the whole pattern (no top-level alternation).
+        if top_level_alternation(&body) {
+            format!("(?s:.)*(?:{translated})(?s:.)*\\z")
+        } else {
+            format!("{head}(?:{body}){tail}\\z")
+        }
+    } else {
+        format!("(?:{translated})\\z")
+    };
+    let dfa = dense::Builder::new()
+        .configure(
+            dense::Config::new()
+                .start_kind(StartKind::Anchored)
+                .match_kind(MatchKind::All)
+                .dfa_size_limit(Some(MAX_DFA_BYTES))
+                .determinize_size_limit(Some(MAX_DFA_BYTES)),
+        )
+        .build(&full)
+        .map_err(|e| err(ErrorCode::TooLarge, at, format!("pattern `{pattern}` is too complex to compile: {e}")))?;
+    let live = live_states(&dfa)
+        .ok_or_else(|| err(ErrorCode::TooLarge, at, format!("pattern `{pattern}` has too many automaton states")))?;
+    Ok((dfa, live))
 }
 
 /// The states of `dfa` from which a match at the end of input is reachable (None when the

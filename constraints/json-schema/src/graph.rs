@@ -347,12 +347,12 @@ pub struct Graph {
     /// Literal sets.
     pub literals: Vec<LiteralTrie>,
     /// Pattern automata (unanchored search DFAs over the string's decoded bytes).
-    pub dfas: Vec<dense::DFA<Vec<u32>>>,
+    pub dfas: Vec<std::sync::Arc<dense::DFA<Vec<u32>>>>,
     /// Per automaton, the states from which a match is still reachable, with the fewest
     /// bytes needed to get there. A DFA state that is not dead may still be hopeless (e.g.
     /// after `^` failed); only live states may be entered, and under `maxLength` only those
     /// close enough to a match, so that no prefix the mask allows is a dead end.
-    pub live: Vec<LiveTable>,
+    pub live: Vec<std::sync::Arc<LiveTable>>,
     /// The root.
     pub root: NodeId,
     /// Property order.
