@@ -74,6 +74,11 @@ struct Stats {
     slowest: Vec<(f64, String, usize)>,
     /// The slowest compiles: (ms, file).
     slowest_compiles: Vec<(f64, String)>,
+    /// The files whose masks took longest in all: (ms, file, masks).
+    heaviest: Vec<(f64, String, usize)>,
+    /// The current file's mask time so far (ms) and masks.
+    current_mask_ms: f64,
+    current_masks: usize,
     /// How many of each are kept.
     listed: usize,
     current: String,
@@ -84,6 +89,21 @@ struct Stats {
     /// Some invalid instances that were accepted, those under a schema compiled without a
     /// warning (exactness bugs) first.
     accepted_invalid: Vec<(bool, String)>,
+}
+
+impl Stats {
+    /// Closes the current file's mask time into [`Self::heaviest`].
+    fn end_file(&mut self) {
+        let (ms, masks) = (std::mem::take(&mut self.current_mask_ms), std::mem::take(&mut self.current_masks));
+        if masks == 0 || self.listed == 0 {
+            return;
+        }
+        if self.heaviest.len() < self.listed || self.heaviest.last().is_some_and(|last| ms > last.0) {
+            self.heaviest.push((ms, self.current.clone(), masks));
+            self.heaviest.sort_by(|a, b| b.0.total_cmp(&a.0));
+            self.heaviest.truncate(self.listed);
+        }
+    }
 }
 
 /// Files under `dir` ending in `.json`, sorted, recursively.
@@ -158,6 +178,8 @@ fn walk(
         if let Some(s) = stats.as_deref_mut() {
             let us = dt.as_secs_f64() * 1e6;
             s.mask_us.push(us);
+            s.current_mask_ms += us / 1e3;
+            s.current_masks += 1;
             if s.slowest.len() < s.listed || s.slowest.last().is_some_and(|last| us > last.0) {
                 let entry = (us, s.current.clone(), i);
                 s.slowest.push(entry);
@@ -284,10 +306,12 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     if let Some(n) = args.limit {
         files.truncate(n);
     }
+    // A file's mask time is closed when the next file begins, the last one's after the loop.
     let mut s = Stats { listed: args.slowest, ..Stats::default() };
     for f in &files {
         let Some(case) = read_case(f, &args) else { continue };
         s.schemas += 1;
+        s.end_file();
         s.current = f.display().to_string();
         let t0 = Instant::now();
         let compiled = match inst.compile(&case.kind, &case.source, &case.options) {
@@ -370,6 +394,7 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         }
         let _ = inst.drop_compiled(compiled);
     }
+    s.end_file();
     let compile_ms = summary(&mut s.compile_ms, &[("p50", 0.5), ("p99", 0.99)]);
     let mask_us = summary(&mut s.mask_us, &[("p50", 0.5), ("p90", 0.9), ("p99", 0.99)]);
     let ff_share = if s.tokens == 0 { 0.0 } else { s.forced_tokens as f64 / s.tokens as f64 };
@@ -423,6 +448,13 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         }
         for (ms, file) in &s.slowest_compiles {
             println!("  slow compile     {ms:.1} ms: {file}");
+        }
+        let total_ms: f64 = s.mask_us.iter().sum::<f64>() / 1e3;
+        for (ms, file, masks) in &s.heaviest {
+            println!(
+                "  mask time        {ms:.0} ms in {masks} masks ({:.1}% of all mask time): {file}",
+                100.0 * ms / total_ms.max(1e-9)
+            );
         }
         println!("fast-forward share {:.1}% of {} tokens", 100.0 * ff_share, s.tokens);
         println!(
