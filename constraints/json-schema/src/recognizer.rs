@@ -225,7 +225,34 @@ impl State {
     }
 }
 
+/// The value key of the captured item that begins at `start` and ends with byte `last`.
+/// A mask meets the same item end once per token that closes it (`}`, `},`, `}]`, ...), so
+/// the last few are remembered by the capture's hash rather than parsed again.
+fn captured_item_key(stack: &Config, start: u32, last: u8) -> u64 {
+    let id = stack.capture_key().map(|(hash, len)| (hash, len, start, last));
+    if let Some(id) = id
+        && let Some(key) = ITEM_KEYS.with(|keys| keys.borrow().iter().find(|(k, _)| *k == id).map(|(_, v)| *v))
+    {
+        return key;
+    }
+    let mut bytes = stack.captured_since(start);
+    bytes.push(last);
+    let key = crate::values::canonical_hash(&bytes);
+    if let Some(id) = id {
+        ITEM_KEYS.with(|keys| {
+            let mut keys = keys.borrow_mut();
+            if keys.len() >= 16 {
+                keys.remove(0);
+            }
+            keys.push((id, key));
+        });
+    }
+    key
+}
+
 thread_local! {
+    /// The value keys of the last captured items met ([`captured_item_key`]).
+    static ITEM_KEYS: std::cell::RefCell<Vec<((u64, u32, u32, u8), u64)>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Scratch space for `advance`, so a step does not allocate its output list.
     static SCRATCH: std::cell::RefCell<Vec<Config>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -375,6 +402,13 @@ impl SchemaRecognizer {
 
     /// [`Self::fill_by_table`] over the tokens of `trie` only.
     pub(crate) fn fill_trie_by_table(&self, state: &State, trie: &TokenTrie, set: &mut TokenSet) {
+        // Inside an item whose bytes are captured every byte makes a new state: the table
+        // would only fill with states no later walk meets (and push out those it would), so
+        // such states take the plain walk.
+        if state.configs().any(|c| c.capture_len().is_some()) {
+            trie.walk(state, &mut Vec::new(), |s, b| self.advance(s, b), |t| set.insert(t));
+            return;
+        }
         self.walks.lock().unwrap_or_else(|p| p.into_inner()).fill_trie(self, state, trie, set);
     }
 
@@ -972,9 +1006,7 @@ impl SchemaRecognizer {
         if start == NO_ITEM || !matches!(self.graph.node(node), Node::Array(a) if a.unique_values) {
             return Some(stack);
         }
-        let mut bytes = stack.captured_since(start);
-        bytes.push(last);
-        let key = crate::values::canonical_hash(&bytes);
+        let key = captured_item_key(&stack, start, last);
         if !record_item(&mut stack, key) {
             return None;
         }

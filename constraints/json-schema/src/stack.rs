@@ -126,6 +126,11 @@ impl Stack {
         }
     }
 
+    /// The hash and length of the bytes captured so far; `None` when no capture is open.
+    pub fn capture_key(&self) -> Option<(u64, u32)> {
+        self.capture.as_ref().map(|c| (c.hash, c.len))
+    }
+
     /// The captured bytes from offset `start` on.
     pub fn captured_since(&self, start: u32) -> Vec<u8> {
         let mut out = Vec::new();
