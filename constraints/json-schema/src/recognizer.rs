@@ -225,6 +225,10 @@ impl State {
     }
 }
 
+/// Where a captured item ends: the capture's hash and length, the item's start in it, and
+/// its last byte.
+type ItemEnd = (u64, u32, u32, u8);
+
 /// The value key of the captured item that begins at `start` and ends with byte `last`.
 /// A mask meets the same item end once per token that closes it (`}`, `},`, `}]`, ...), so
 /// the last few are remembered by the capture's hash rather than parsed again.
@@ -252,7 +256,7 @@ fn captured_item_key(stack: &Config, start: u32, last: u8) -> u64 {
 
 thread_local! {
     /// The value keys of the last captured items met ([`captured_item_key`]).
-    static ITEM_KEYS: std::cell::RefCell<Vec<((u64, u32, u32, u8), u64)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ITEM_KEYS: std::cell::RefCell<Vec<(ItemEnd, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Scratch space for `advance`, so a step does not allocate its output list.
     static SCRATCH: std::cell::RefCell<Vec<Config>> = const { std::cell::RefCell::new(Vec::new()) };
 }
