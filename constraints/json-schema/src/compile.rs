@@ -1419,6 +1419,17 @@ impl<'a> Compiler<'a> {
     /// repeat is then refused at the character that fills it, and another character is
     /// always left).
     fn tracked_items_of(&self, id: NodeId) -> bool {
+        self.every_branch(id, |node, id| match node {
+            Node::String(s) if s.patterns.is_empty() && s.max_len >= 1 && s.min_len <= s.max_len => true,
+            Node::String(_) => self.open_string_of(id).is_some(),
+            Node::Literals(set) => self.literals[*set as usize].len() <= 64,
+            _ => false,
+        })
+    }
+
+    /// Whether `accept` holds for every node other than a union that `id` leads to through
+    /// unions (at most 256 nodes; cycles of unions count once).
+    fn every_branch(&self, id: NodeId, accept: impl Fn(&Node, NodeId) -> bool) -> bool {
         let (mut todo, mut seen) = (vec![id], std::collections::HashSet::new());
         while let Some(id) = todo.pop() {
             if !seen.insert(id) {
@@ -1428,10 +1439,8 @@ impl<'a> Compiler<'a> {
                 return false;
             }
             match &self.nodes[id as usize] {
-                Node::String(s) if s.patterns.is_empty() && s.max_len >= 1 && s.min_len <= s.max_len => {}
-                Node::String(_) if self.open_string_of(id).is_some() => {}
-                Node::Literals(set) if self.literals[*set as usize].len() <= 64 => {}
                 Node::Union(alts) if !alts.is_empty() => todo.extend(alts.iter().copied()),
+                node if accept(node, id) => {}
                 _ => return false,
             }
         }
@@ -1446,24 +1455,10 @@ impl<'a> Compiler<'a> {
     /// its `}` never leaves the writer stuck.
     fn open_objects_of(&self, id: NodeId) -> bool {
         let admits = |n: NodeId| n != NEVER && !matches!(self.nodes[n as usize], Node::Never);
-        let (mut todo, mut seen) = (vec![id], std::collections::HashSet::new());
-        while let Some(id) = todo.pop() {
-            if !seen.insert(id) {
-                continue;
-            }
-            if seen.len() > 256 {
-                return false;
-            }
-            match &self.nodes[id as usize] {
-                Node::Object(o)
-                    if admits(o.additional)
-                        && o.max_props == u32::MAX
-                        && o.pattern_nodes.iter().all(|&n| admits(n)) => {}
-                Node::Union(alts) if !alts.is_empty() => todo.extend(alts.iter().copied()),
-                _ => return false,
-            }
-        }
-        true
+        self.every_branch(id, |node, _| {
+            matches!(node, Node::Object(o)
+                if admits(o.additional) && o.max_props == u32::MAX && o.pattern_nodes.iter().all(|&n| admits(n)))
+        })
     }
 
     /// The integer node `id` is (through one-branch unions), if every value it admits can be

@@ -7,6 +7,7 @@
 //! different values that collide (about 2^-64 per pair) would make the second unwritable,
 //! never a repeat writable.
 
+use dspark_guest::key::mix;
 use serde_json::Value;
 
 /// The hash of the JSON value `bytes` encode, by JSON Schema equality; bytes that are not
@@ -67,14 +68,6 @@ fn fnv(basis: u64, bytes: &[u8]) -> u64 {
     bytes.iter().fold(basis, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
-/// Combines two hashes (a splitmix64 round over their sum with a rotation of one).
-fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a.rotate_left(23).wrapping_add(b).wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 #[cfg(test)]
 mod tests {
     use super::canonical_hash;
@@ -87,14 +80,9 @@ mod tests {
             (br#"{"x":{"p":"q","r":-0}}"#, br#"{"x":{"r":0,"p":"q"}}"#),
             (b"10", b"1e1"),
         ];
+        let pair = |a: &[u8], b: &[u8]| format!("{} vs {}", String::from_utf8_lossy(a), String::from_utf8_lossy(b));
         for (a, b) in same {
-            assert_eq!(
-                canonical_hash(a),
-                canonical_hash(b),
-                "{} vs {}",
-                String::from_utf8_lossy(a),
-                String::from_utf8_lossy(b)
-            );
+            assert_eq!(canonical_hash(a), canonical_hash(b), "{}", pair(a, b));
         }
         let different = [
             (&br#"{"a":1}"#[..], &br#"{"a":"1"}"#[..]),
@@ -105,13 +93,7 @@ mod tests {
             (b"null", b"false"),
         ];
         for (a, b) in different {
-            assert_ne!(
-                canonical_hash(a),
-                canonical_hash(b),
-                "{} vs {}",
-                String::from_utf8_lossy(a),
-                String::from_utf8_lossy(b)
-            );
+            assert_ne!(canonical_hash(a), canonical_hash(b), "{}", pair(a, b));
         }
     }
 }
