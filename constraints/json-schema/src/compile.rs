@@ -33,7 +33,9 @@
 //!   strings that can always be extended (no `maxLength`; no pattern or format, or one whose
 //!   every live automaton state has infinitely many completions): the state remembers a
 //!   64-bit hash of each item's decoded text, and a closing quote that would repeat one is
-//!   refused, which never leaves the writer stuck. It is enforced too over integers that can
+//!   refused, which never leaves the writer stuck. It is enforced too over strings with only a
+//!   `maxLength` (a repeat refused at the character that fills it) with literals beside them
+//!   (`[string, null]`: a written literal refused at its first byte), over integers that can
 //!   always be written longer, and over objects that can always take one more property
 //!   (additional properties allowed, no `maxProperties`; through unions of such objects):
 //!   each item's bytes are captured while it is written and its value hashed by JSON
