@@ -64,6 +64,77 @@ fn endless_mask_hits_the_deadline_and_the_host_goes_on() {
 }
 
 #[test]
+fn a_plugin_that_sleeps_is_stopped_at_once_and_the_host_goes_on() {
+    // Run on a thread: were sleeping allowed, this call would block for an hour, and a test
+    // must fail rather than hang.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let f = fixture(100);
+        let tok = ByteTokenizer::new(&[]);
+        let mut inst = instance(&f, "testkit", &tok);
+        let c = inst.compile("sleep-mask", "", "{}").unwrap();
+        let m = inst.new_matcher(&c).unwrap();
+        let msg = trap_message(inst.compute_mask(&m).unwrap_err());
+        regex_still_serves(&f, &tok);
+        let _ = tx.send(msg);
+    });
+    let msg = rx.recv_timeout(Duration::from_secs(120)).expect("the sleeping call returned");
+    assert!(msg.contains("asked to sleep") && msg.contains("plugins may not wait"), "{msg}");
+}
+
+/// A tokenizer that takes `pause` of wall time, and no CPU, to answer: the guest's thread
+/// stands still inside a call, as it does when a loaded machine deschedules it.
+struct PausingTokenizer {
+    inner: Arc<ByteTokenizer>,
+    pause: Duration,
+}
+
+impl CanonicalTokenizer for PausingTokenizer {
+    fn tokenize(&self, text: &[u8]) -> Vec<u32> {
+        std::thread::sleep(self.pause);
+        self.inner.tokenize(text)
+    }
+}
+
+#[test]
+fn a_call_is_judged_by_its_cpu_time_not_by_the_time_that_passed() {
+    // A strike limit of 1: a single interruption would quarantine the plugin.
+    let f = fixture_with_deadlines(1, Duration::from_millis(20), Duration::from_secs(10));
+    let tok = ByteTokenizer::new(&[]);
+    let pausing: Arc<dyn CanonicalTokenizer> =
+        Arc::new(PausingTokenizer { inner: tok.clone(), pause: Duration::from_millis(80) });
+    let plugin = f.registry.get("testkit").expect("testkit loaded");
+    let mut inst = plugin.instantiate(tok.table(), pausing).expect("instantiates");
+    let c = inst.compile("tokenize-mask", "", "{}").unwrap();
+    let m = inst.new_matcher(&c).unwrap();
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        inst.compute_mask(&m).expect("a call that waited 4 limits but computed little goes on");
+        assert!(started.elapsed() >= Duration::from_millis(80));
+    }
+    assert_eq!(plugin.status(), PluginStatus::Ready);
+}
+
+#[test]
+fn a_call_that_waits_past_the_backstop_is_stopped() {
+    let f = fixture_with_deadlines(100, Duration::from_millis(20), Duration::from_secs(10));
+    let tok = ByteTokenizer::new(&[]);
+    let pausing: Arc<dyn CanonicalTokenizer> =
+        Arc::new(PausingTokenizer { inner: tok.clone(), pause: Duration::from_millis(1100) });
+    let plugin = f.registry.get("testkit").expect("testkit loaded");
+    let mut inst = plugin.instantiate(tok.table(), pausing).expect("instantiates");
+    let c = inst.compile("tokenize-mask", "", "{}").unwrap();
+    let m = inst.new_matcher(&c).unwrap();
+    let msg = trap_message(inst.compute_mask(&m).unwrap_err());
+    assert_eq!(
+        msg,
+        "did not finish in 1000 ms of wall-clock time, using 0 ms of CPU after its time limit of 20 ms \
+         passed: it was waiting, not computing"
+    );
+    regex_still_serves(&f, &tok);
+}
+
+#[test]
 fn endless_compile_hits_the_compile_deadline() {
     let f = fixture_with_deadlines(100, Duration::from_secs(10), Duration::from_millis(500));
     let tok = ByteTokenizer::new(&[]);

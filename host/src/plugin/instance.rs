@@ -10,6 +10,7 @@ use wasmtime::component::ResourceAny;
 use super::PluginError;
 use super::bindings;
 use super::bindings::dspark::constraint::types as wit;
+use super::deadline::{self, Stop};
 use super::runtime::{HostState, LoadedPlugin, wit_error};
 use crate::tokenizer::{CanonicalTokenizer, TokenTable};
 
@@ -95,8 +96,6 @@ pub struct PluginInstance {
     bindings: bindings::Plugin,
     generation: u64,
     poisoned: bool,
-    mask_ticks: u64,
-    compile_ticks: u64,
 }
 
 impl PluginInstance {
@@ -106,19 +105,7 @@ impl PluginInstance {
         tokenizer: Arc<dyn CanonicalTokenizer>,
     ) -> Result<Self, PluginError> {
         let (store, bindings) = Self::start(&plugin, &table, &tokenizer)?;
-        let mask_ticks = plugin.runtime.ticks(plugin.mask_deadline);
-        let compile_ticks = plugin.runtime.ticks(plugin.compile_deadline);
-        Ok(Self {
-            plugin,
-            table,
-            tokenizer,
-            store,
-            bindings,
-            generation: 0,
-            poisoned: false,
-            mask_ticks,
-            compile_ticks,
-        })
+        Ok(Self { plugin, table, tokenizer, store, bindings, generation: 0, poisoned: false })
     }
 
     fn start(
@@ -132,13 +119,14 @@ impl PluginInstance {
             plugin.strike();
             setup(format!("cannot instantiate: {e:#}"))
         })?;
-        store.set_epoch_deadline(plugin.runtime.ticks(plugin.compile_deadline));
+        let ticks = store.data_mut().deadline.arm(plugin.compile_deadline);
+        store.set_epoch_deadline(ticks);
         match bindings.dspark_constraint_constraint().call_init(&mut store, &table.to_wit()) {
             Ok(Ok(())) => Ok((store, bindings)),
             Ok(Err(e)) => Err(wit_error(plugin.name(), e)),
             Err(trap) => {
                 plugin.strike();
-                Err(setup(format!("init failed: {}", describe_trap(&trap, &store, plugin.compile_deadline))))
+                Err(setup(format!("init failed: {}", describe_trap(&trap, &store))))
             }
         }
     }
@@ -174,24 +162,25 @@ impl PluginInstance {
         Ok(())
     }
 
-    /// Runs one guest call under a deadline; a trap poisons the Store and costs a strike.
+    /// Runs one guest call with `limit` of CPU time; a trap poisons the Store and costs a
+    /// strike.
     fn call<R>(
         &mut self,
         name: &'static str,
-        ticks: u64,
+        limit: Duration,
         f: impl FnOnce(&mut Store<HostState>, &bindings::Plugin) -> wasmtime::Result<R>,
     ) -> Result<R, PluginError> {
+        let ticks = self.store.data_mut().deadline.arm(limit);
         self.store.set_epoch_deadline(ticks);
         match f(&mut self.store, &self.bindings) {
             Ok(r) => Ok(r),
             Err(trap) => {
                 self.poisoned = true;
                 self.plugin.strike();
-                let deadline = Duration::from_micros(ticks * self.plugin.runtime.config().tick.as_micros() as u64);
                 Err(PluginError::Trap {
                     plugin: self.plugin.name().to_string(),
                     call: name,
-                    message: describe_trap(&trap, &self.store, deadline),
+                    message: describe_trap(&trap, &self.store),
                 })
             }
         }
@@ -206,13 +195,13 @@ impl PluginInstance {
     pub fn compile(&mut self, kind: &str, source: &str, options: &str) -> Result<CompiledHandle, PluginError> {
         self.plugin.check_not_quarantined()?;
         self.revive()?;
-        let ticks = self.compile_ticks;
-        let res = self.call("compile", ticks, |s, b| {
+        let limit = self.plugin.compile_deadline;
+        let res = self.call("compile", limit, |s, b| {
             b.dspark_constraint_constraint().compiled().call_compile(s, kind, source, options)
         })?;
         let res = res.map_err(|e| wit_error(self.plugin.name(), e))?;
         let warnings =
-            self.call("warnings", ticks, |s, b| b.dspark_constraint_constraint().compiled().call_warnings(s, res))?;
+            self.call("warnings", limit, |s, b| b.dspark_constraint_constraint().compiled().call_warnings(s, res))?;
         Ok(CompiledHandle {
             res,
             generation: self.generation,
@@ -223,7 +212,7 @@ impl PluginInstance {
     /// A matcher at the start of `compiled`.
     pub fn new_matcher(&mut self, compiled: &CompiledHandle) -> Result<MatcherHandle, PluginError> {
         self.check_handle(compiled.generation, "compiled constraint")?;
-        let res = self.call("new-matcher", self.mask_ticks, |s, b| {
+        let res = self.call("new-matcher", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().compiled().call_new_matcher(s, compiled.res)
         })?;
         Ok(MatcherHandle { res, generation: self.generation })
@@ -232,7 +221,7 @@ impl PluginInstance {
     /// The allowed tokens, validated against the vocabulary.
     pub fn compute_mask(&mut self, m: &MatcherHandle) -> Result<TokenMask, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        let mask = self.call("compute-mask", self.mask_ticks, |s, b| {
+        let mask = self.call("compute-mask", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_compute_mask(s, m.res)
         })?;
         let mask = mask.map_err(|e| wit_error(self.plugin.name(), e))?;
@@ -281,7 +270,7 @@ impl PluginInstance {
     /// Commits `tokens`; returns the validated forced span and the stop flag.
     pub fn commit(&mut self, m: &MatcherHandle, tokens: &[u32]) -> Result<CommitOutcome, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        let r = self.call("commit", self.mask_ticks, |s, b| {
+        let r = self.call("commit", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_commit(s, m.res, tokens)
         })?;
         let r = r.map_err(|e| wit_error(self.plugin.name(), e))?;
@@ -303,7 +292,7 @@ impl PluginInstance {
     /// Undoes the last `n` tokens.
     pub fn rollback(&mut self, m: &MatcherHandle, n: u32) -> Result<(), PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        let r = self.call("rollback", self.mask_ticks, |s, b| {
+        let r = self.call("rollback", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_rollback(s, m.res, n)
         })?;
         r.map_err(|e| wit_error(self.plugin.name(), e))
@@ -312,7 +301,7 @@ impl PluginInstance {
     /// How many draft tokens would be accepted in turn.
     pub fn validate_draft(&mut self, m: &MatcherHandle, tokens: &[u32]) -> Result<u32, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        let n = self.call("validate-draft", self.mask_ticks, |s, b| {
+        let n = self.call("validate-draft", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_validate_draft(s, m.res, tokens)
         })?;
         if n as usize > tokens.len() {
@@ -324,15 +313,16 @@ impl PluginInstance {
     /// An independent copy of a matcher.
     pub fn fork(&mut self, m: &MatcherHandle) -> Result<MatcherHandle, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        let res =
-            self.call("fork", self.mask_ticks, |s, b| b.dspark_constraint_constraint().matcher().call_fork(s, m.res))?;
+        let res = self.call("fork", self.plugin.mask_deadline, |s, b| {
+            b.dspark_constraint_constraint().matcher().call_fork(s, m.res)
+        })?;
         Ok(MatcherHandle { res, generation: self.generation })
     }
 
     /// Whether the output so far is complete.
     pub fn is_accepting(&mut self, m: &MatcherHandle) -> Result<bool, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        self.call("is-accepting", self.mask_ticks, |s, b| {
+        self.call("is-accepting", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_is_accepting(s, m.res)
         })
     }
@@ -340,7 +330,7 @@ impl PluginInstance {
     /// Whether the sequence has ended.
     pub fn is_stopped(&mut self, m: &MatcherHandle) -> Result<bool, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        self.call("is-stopped", self.mask_ticks, |s, b| {
+        self.call("is-stopped", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_is_stopped(s, m.res)
         })
     }
@@ -348,7 +338,7 @@ impl PluginInstance {
     /// The matcher's state key.
     pub fn state_key(&mut self, m: &MatcherHandle) -> Result<u64, PluginError> {
         self.check_handle(m.generation, "matcher")?;
-        self.call("state-key", self.mask_ticks, |s, b| {
+        self.call("state-key", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_state_key(s, m.res)
         })
     }
@@ -358,7 +348,7 @@ impl PluginInstance {
         if m.generation != self.generation || self.poisoned {
             return Ok(());
         }
-        self.call("drop-matcher", self.mask_ticks, |s, _| m.res.resource_drop(s))
+        self.call("drop-matcher", self.plugin.mask_deadline, |s, _| m.res.resource_drop(s))
     }
 
     /// Frees a compiled constraint in the guest.
@@ -366,16 +356,29 @@ impl PluginInstance {
         if c.generation != self.generation || self.poisoned {
             return Ok(());
         }
-        self.call("drop-compiled", self.mask_ticks, |s, _| c.res.resource_drop(s))
+        self.call("drop-compiled", self.plugin.mask_deadline, |s, _| c.res.resource_drop(s))
     }
 }
 
 /// Says what a trap was, in words a plugin author can act on.
-fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>, deadline: Duration) -> String {
+fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>) -> String {
     let stderr = String::from_utf8_lossy(&store.data().stderr.contents()).trim().to_string();
     let stderr = if stderr.is_empty() { String::new() } else { format!(" (plugin stderr: {})", last_line(&stderr)) };
     match err.downcast_ref::<wasmtime::Trap>() {
-        Some(wasmtime::Trap::Interrupt) => format!("exceeded its time limit of {} ms", deadline.as_millis()),
+        Some(wasmtime::Trap::Interrupt) => {
+            let deadline = &store.data().deadline;
+            let limit = deadline.limit();
+            match deadline.stopped() {
+                Some(Stop::Wall { cpu }) => format!(
+                    "did not finish in {} ms of wall-clock time, using {} ms of CPU after its time \
+                     limit of {} ms passed: it was waiting, not computing",
+                    deadline::wall_limit(limit).as_millis(),
+                    cpu.as_millis(),
+                    limit.as_millis(),
+                ),
+                _ => format!("exceeded its time limit of {} ms of CPU time", limit.as_millis()),
+            }
+        }
         Some(wasmtime::Trap::StackOverflow) => format!("overflowed its stack{stderr}"),
         Some(wasmtime::Trap::UnreachableCodeReached) if !stderr.is_empty() => format!("panicked{stderr}"),
         Some(trap) => format!("trapped: {trap}{stderr}"),

@@ -40,9 +40,9 @@ pub struct Manifest {
 pub struct Limits {
     /// Linear memory per instance, MiB.
     pub memory_mib: Option<u64>,
-    /// Deadline of one matcher call (mask, commit, ...), milliseconds.
+    /// Deadline of one matcher call (mask, commit, ...), milliseconds of CPU time.
     pub mask_ms: Option<u64>,
-    /// Deadline of one compile, milliseconds.
+    /// Deadline of one compile, milliseconds of CPU time.
     pub compile_ms: Option<u64>,
 }
 

@@ -6,8 +6,8 @@
 //! given a tokenizer's table once; through it the host compiles constraints and drives
 //! matchers, and every answer is validated before the rest of dspark sees it.
 //!
-//! Failure model (after wasmtime's advice for untrusted guests): a trap — a deadline passed
-//! (epoch interruption), memory exhausted (`StoreLimits`), a panic, a stack overflow — poisons
+//! Failure model (after wasmtime's advice for untrusted guests): a trap — a call used its
+//! limit of CPU time (epoch interruption, see [`deadline`]), memory exhausted (`StoreLimits`), a panic, a stack overflow — poisons
 //! the whole `Store`. The call returns [`PluginError::Trap`], the instance restarts from the
 //! cached `InstancePre` on its next use, and handles made before the restart report
 //! [`PluginError::Stale`]. A trap or an invalid answer is a strike against the plugin; at
@@ -15,6 +15,7 @@
 //! allowed until the plugin's file changes. The quarantine is recorded in the runtime's state
 //! directory, keyed by the component's sha256, so `dspark plugins list` shows it too.
 
+pub mod deadline;
 mod error;
 mod instance;
 mod manifest;

@@ -4,7 +4,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use wasmtime::{Config, Engine, OptLevel, StoreLimits};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings;
+use super::deadline::{CallDeadline, Verdict};
 use super::instance::PluginInstance;
 use super::manifest::Manifest;
 use super::{ErrorCode, PluginError};
@@ -39,9 +40,10 @@ pub struct RuntimeConfig {
     pub state_dir: PathBuf,
     /// Epoch tick: the granularity of every deadline.
     pub tick: Duration,
-    /// Default deadline of a matcher call (mask, commit, rollback, ...).
+    /// Default deadline of a matcher call (mask, commit, rollback, ...), in CPU time used by
+    /// the call (see [`deadline`](super::deadline)).
     pub mask_deadline: Duration,
-    /// Default deadline of a compile (and of `init`).
+    /// Default deadline of a compile (and of `init`), in CPU time.
     pub compile_deadline: Duration,
     /// The most a manifest may raise either deadline to.
     pub max_deadline: Duration,
@@ -97,6 +99,8 @@ pub(crate) struct HostState {
     pub(crate) limits: StoreLimits,
     tokenizer: Arc<dyn CanonicalTokenizer>,
     pub(crate) stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
+    /// The time limit of the call the Store is running.
+    pub(crate) deadline: CallDeadline,
 }
 
 impl WasiView for HostState {
@@ -111,6 +115,33 @@ impl bindings::dspark::constraint::host::Host for HostState {
     fn tokenize(&mut self, text: Vec<u8>) -> Vec<u32> {
         self.tokenizer.tokenize(&text)
     }
+}
+
+/// The WASI interface whose subscriptions let a guest sleep.
+const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
+
+/// Replaces `subscribe-duration` and `subscribe-instant` with functions that trap. A plugin
+/// call computes a mask or a step; it has nothing to wait for, and a guest blocked in the host
+/// (`std::thread::sleep` ends there) cannot be interrupted by its deadline: the engine's
+/// thread would be lost for as long as the guest asked. Reading the clock stays allowed.
+fn refuse_sleeping(linker: &mut Linker<HostState>) -> anyhow::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::p2::DynPollable;
+    const REFUSED: &str = "asked to sleep (a WASI clock subscription); plugins may not wait, only compute";
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance(MONOTONIC_CLOCK).anyhow()?;
+    clock
+        .func_wrap("subscribe-duration", |_, (_,): (u64,)| -> wasmtime::Result<(Resource<DynPollable>,)> {
+            Err(wasmtime::format_err!(REFUSED))
+        })
+        .anyhow()?;
+    clock
+        .func_wrap("subscribe-instant", |_, (_,): (u64,)| -> wasmtime::Result<(Resource<DynPollable>,)> {
+            Err(wasmtime::format_err!(REFUSED))
+        })
+        .anyhow()?;
+    linker.allow_shadowing(false);
+    Ok(())
 }
 
 /// A clock that always reads zero: the default for plugins without the `clock` capability.
@@ -140,6 +171,9 @@ pub struct PluginRuntime {
     linker: Linker<HostState>,
     config: RuntimeConfig,
     ticker_stop: Arc<AtomicBool>,
+    /// Microseconds since the runtime started, as the ticker last read them: the coarse clock
+    /// of the deadlines' wall-time backstop.
+    clock_us: Arc<AtomicU64>,
 }
 
 impl Drop for PluginRuntime {
@@ -161,6 +195,7 @@ impl PluginRuntime {
         let engine = Engine::new(&wasm).anyhow().context("cannot create the wasmtime engine")?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).anyhow().context("cannot link WASI")?;
+        refuse_sleeping(&mut linker).context("cannot replace WASI's clock subscriptions")?;
         bindings::Plugin::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .anyhow()
             .context("cannot link the dspark host interface")?;
@@ -168,15 +203,19 @@ impl PluginRuntime {
             .with_context(|| format!("cannot create the state directory {}", config.state_dir.display()))?;
         std::fs::create_dir_all(config.state_dir.join("quarantine"))?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
-        let runtime = Arc::new(Self { engine, linker, config, ticker_stop: ticker_stop.clone() });
+        let clock_us = Arc::new(AtomicU64::new(0));
+        let runtime =
+            Arc::new(Self { engine, linker, config, ticker_stop: ticker_stop.clone(), clock_us: clock_us.clone() });
         let weak: Weak<Self> = Arc::downgrade(&runtime);
         let tick = runtime.config.tick;
         let engine = runtime.engine.clone();
+        let start = std::time::Instant::now();
         std::thread::Builder::new()
             .name("dspark-epoch".into())
             .spawn(move || {
                 while !ticker_stop.load(Ordering::Relaxed) && weak.strong_count() > 0 {
                     std::thread::sleep(tick);
+                    clock_us.store(start.elapsed().as_micros() as u64, Ordering::Relaxed);
                     engine.increment_epoch();
                 }
             })
@@ -187,11 +226,6 @@ impl PluginRuntime {
     /// The runtime's configuration.
     pub fn config(&self) -> &RuntimeConfig {
         &self.config
-    }
-
-    /// Deadline in epoch ticks (rounded up, at least one).
-    pub(crate) fn ticks(&self, d: Duration) -> u64 {
-        (d.as_micros().div_ceil(self.config.tick.as_micros().max(1)) as u64).max(1)
     }
 
     /// A fresh Store for `plugin`, with its limits and capabilities.
@@ -214,11 +248,18 @@ impl PluginRuntime {
             .table_elements(1 << 20)
             .trap_on_grow_failure(true)
             .build();
-        let state = HostState { wasi: wasi.build(), table: ResourceTable::new(), limits, tokenizer, stderr };
+        let deadline = CallDeadline::new(self.config.tick, self.clock_us.clone());
+        let state = HostState { wasi: wasi.build(), table: ResourceTable::new(), limits, tokenizer, stderr, deadline };
         let mut store = wasmtime::Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        store.epoch_deadline_trap();
-        store.set_epoch_deadline(self.ticks(plugin.compile_deadline));
+        store.epoch_deadline_callback(|mut ctx| {
+            Ok(match ctx.data_mut().deadline.on_epoch() {
+                Verdict::Continue(ticks) => wasmtime::UpdateDeadline::Continue(ticks),
+                Verdict::Interrupt => wasmtime::UpdateDeadline::Interrupt,
+            })
+        });
+        let ticks = store.data_mut().deadline.arm(plugin.compile_deadline);
+        store.set_epoch_deadline(ticks);
         store
     }
 

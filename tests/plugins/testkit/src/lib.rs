@@ -5,6 +5,8 @@
 //! |-------------------|-------------------------------------------------------------|
 //! | `bitset`          | well-behaved; every mask is an incompressible full bitset   |
 //! | `loop-mask`       | `compute-mask` never returns                                |
+//! | `sleep-mask`      | `compute-mask` sleeps for an hour (a WASI clock subscribe)  |
+//! | `tokenize-mask`   | `compute-mask` asks the host to tokenize `"hello"` first    |
 //! | `endless-compile` | `compile` never returns                                     |
 //! | `membomb`         | `compute-mask` allocates until memory runs out              |
 //! | `panic`           | `compute-mask` panics (a trap)                              |
@@ -18,9 +20,11 @@ use std::sync::Arc;
 
 use dspark_guest::{CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, TokenTable};
 
-const KINDS: [&str; 9] = [
+const KINDS: [&str; 11] = [
     "bitset",
     "loop-mask",
+    "sleep-mask",
+    "tokenize-mask",
     "endless-compile",
     "membomb",
     "panic",
@@ -36,14 +40,14 @@ pub struct Testkit;
 
 struct Compiled {
     kind: &'static str,
-    vocab: usize,
+    table: Arc<TokenTable>,
     words: Arc<Vec<u32>>,
 }
 
 #[derive(Clone)]
 struct TestMatcher {
     kind: &'static str,
-    vocab: usize,
+    table: Arc<TokenTable>,
     words: Arc<Vec<u32>>,
     len: u32,
 }
@@ -80,13 +84,13 @@ impl Plugin for Testkit {
         {
             *last &= (1u32 << (vocab % 32)) - 1;
         }
-        Ok(Arc::new(Compiled { kind, vocab, words: Arc::new(words) }))
+        Ok(Arc::new(Compiled { kind, table: table.clone(), words: Arc::new(words) }))
     }
 }
 
 impl CompiledConstraint for Compiled {
     fn new_matcher(&self) -> Box<dyn Matcher> {
-        Box::new(TestMatcher { kind: self.kind, vocab: self.vocab, words: self.words.clone(), len: 0 })
+        Box::new(TestMatcher { kind: self.kind, table: self.table.clone(), words: self.words.clone(), len: 0 })
     }
 }
 
@@ -99,6 +103,14 @@ impl Matcher for TestMatcher {
                     n = black_box(n.wrapping_add(1));
                 }
             }
+            "tokenize-mask" => {
+                black_box(self.table.tokenize(b"hello"));
+                Ok(Mask::Bitset(self.words.to_vec()))
+            }
+            "sleep-mask" => {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+                Ok(Mask::Bitset(self.words.to_vec()))
+            }
             "membomb" => {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
                 loop {
@@ -108,7 +120,7 @@ impl Matcher for TestMatcher {
             }
             "panic" => panic!("testkit: deliberate panic in compute-mask"),
             "bad-mask-len" => Ok(Mask::Bitset(vec![u32::MAX; self.words.len() + 3])),
-            "bad-token" => Ok(Mask::Allow(vec![1, self.vocab as u32 + 5])),
+            "bad-token" => Ok(Mask::Allow(vec![1, self.table.vocab_size() as u32 + 5])),
             _ => Ok(Mask::Bitset(self.words.to_vec())),
         }
     }
