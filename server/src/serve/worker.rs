@@ -169,6 +169,9 @@ fn run(mut engine: LlmEngine<CpuBackend>, rx: std::sync::mpsc::Receiver<Submissi
         }
         match engine.step() {
             Ok(updates) => {
+                // Gauges and counters first: a client that reads /metrics after its answer
+                // must find the step that produced it counted.
+                report(&engine, &metrics, &mut seen);
                 for update in updates {
                     deliver(&mut engine, &mut clients, &metrics, update);
                 }
@@ -247,23 +250,24 @@ fn deliver(
         client.last = Some(now);
         client.generated += n;
     }
-    let finish = update.finish.clone();
-    if client.events.send(Event::Update(update)).is_err() {
-        engine.cancel(id);
-        clients.remove(&id);
-        metrics.finish("abort");
-        return;
-    }
-    if let Some(reason) = finish {
-        if let Some(client) = clients.remove(&id) {
-            lock(&metrics.e2e).observe(client.started.elapsed().as_secs_f64());
-            metrics.prompt_tokens.add(client.prompt_tokens as u64);
-            metrics.generation_tokens.add(client.generated as u64);
+    let Some(reason) = update.finish.clone() else {
+        if client.events.send(Event::Update(update)).is_err() {
+            engine.cancel(id);
+            clients.remove(&id);
+            metrics.finish("abort");
         }
-        metrics.finish(match reason {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Error(_) => "error",
-        });
-    }
+        return;
+    };
+    // The last update is counted before it is sent, for the same reason as the gauges.
+    lock(&metrics.e2e).observe(client.started.elapsed().as_secs_f64());
+    metrics.prompt_tokens.add(client.prompt_tokens as u64);
+    metrics.generation_tokens.add(client.generated as u64);
+    metrics.finish(match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Error(_) => "error",
+    });
+    // A client gone by now missed only its last update; the sequence is finished either way.
+    let _ = client.events.send(Event::Update(update));
+    clients.remove(&id);
 }
