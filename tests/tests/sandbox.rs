@@ -252,6 +252,24 @@ fn plugins_get_no_filesystem_no_environment_and_frozen_clocks() {
 }
 
 #[test]
+fn a_plugins_words_are_cut_to_size_at_the_boundary() {
+    let f = fixture(2);
+    let tok = ByteTokenizer::new(&[]);
+    let mut inst = instance(&f, "testkit", &tok);
+    let PluginError::Constraint { error, .. } = inst.compile("verbose", "error", "{}").unwrap_err() else {
+        panic!("a constraint error")
+    };
+    // 2,048 two-byte characters, then what was cut.
+    assert_eq!(error.message, format!("{} [... 995904 of 1000000 bytes cut]", "é".repeat(2048)));
+    assert_eq!(error.location, Some(format!("{} [... 1048064 of 1048576 bytes cut]", "x".repeat(512))));
+    let compiled = inst.compile("verbose", "", "{}").unwrap();
+    assert_eq!(compiled.warnings.len(), 65);
+    assert_eq!(compiled.warnings[0], ("/0".to_string(), format!("{} [... 5904 of 10000 bytes cut]", "w".repeat(4096))));
+    assert_eq!(compiled.warnings[64], (String::new(), "936 more warnings were left out".to_string()));
+    assert_eq!(f.registry.get("testkit").unwrap().status(), PluginStatus::Ready);
+}
+
+#[test]
 fn error_values_are_not_strikes() {
     let f = fixture(2);
     let tok = ByteTokenizer::new(&[]);

@@ -11,7 +11,7 @@ use super::PluginError;
 use super::bindings;
 use super::bindings::dspark::constraint::types as wit;
 use super::deadline::{self, Stop};
-use super::runtime::{HostState, LoadedPlugin, wit_error};
+use super::runtime::{HostState, LoadedPlugin, MAX_LOCATION_BYTES, MAX_MESSAGE_BYTES, capped, wit_error};
 use crate::tokenizer::{CanonicalTokenizer, TokenTable};
 
 /// A validated mask: ids are below the vocabulary size, a bitset has the right length.
@@ -202,11 +202,7 @@ impl PluginInstance {
         let res = res.map_err(|e| wit_error(self.plugin.name(), e))?;
         let warnings =
             self.call("warnings", limit, |s, b| b.dspark_constraint_constraint().compiled().call_warnings(s, res))?;
-        Ok(CompiledHandle {
-            res,
-            generation: self.generation,
-            warnings: warnings.into_iter().map(|w| (w.location, w.message)).collect(),
-        })
+        Ok(CompiledHandle { res, generation: self.generation, warnings: keep_warnings(warnings) })
     }
 
     /// A matcher at the start of `compiled`.
@@ -393,18 +389,28 @@ fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>) -> String {
     }
 }
 
+/// The most warnings of one compile the host keeps.
+pub(crate) const MAX_WARNINGS: usize = 64;
+
+/// A compile's warnings as (location, message), each capped, at most [`MAX_WARNINGS`] of them
+/// (the last saying how many more there were).
+fn keep_warnings(warnings: Vec<wit::Warning>) -> Vec<(String, String)> {
+    let total = warnings.len();
+    let mut kept: Vec<(String, String)> = warnings
+        .into_iter()
+        .take(MAX_WARNINGS)
+        .map(|w| (capped(w.location, MAX_LOCATION_BYTES), capped(w.message, MAX_MESSAGE_BYTES)))
+        .collect();
+    if total > MAX_WARNINGS {
+        kept.push((String::new(), format!("{} more warnings were left out", total - MAX_WARNINGS)));
+    }
+    kept
+}
+
 /// The useful tail of a guest's stderr: the last lines (a Rust panic prints the location,
-/// then the message), without the backtrace hint, capped at 500 bytes.
+/// then the message), without the backtrace hint, cut to 500 bytes.
 fn last_line(s: &str) -> String {
     let lines: Vec<&str> =
         s.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("note: run with")).collect();
-    let mut text = lines[lines.len().saturating_sub(2)..].join(" ");
-    if text.len() > 500 {
-        let mut end = 500;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    text
+    capped(lines[lines.len().saturating_sub(2)..].join(" "), 500)
 }

@@ -486,6 +486,28 @@ impl LoadedPlugin {
     }
 }
 
+/// The most bytes of a plugin's error or warning message the host keeps: the rest is cut, so a
+/// plugin cannot put megabytes into an HTTP error body or a log line.
+pub(crate) const MAX_MESSAGE_BYTES: usize = 4096;
+
+/// The most bytes of a plugin's error or warning location the host keeps.
+pub(crate) const MAX_LOCATION_BYTES: usize = 512;
+
+/// `text` cut to at most `max` bytes at a character boundary, saying how much was cut.
+pub(crate) fn capped(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let cut = text.len();
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(&format!(" [... {} of {cut} bytes cut]", cut - end));
+    text
+}
+
 pub(crate) fn wit_error(plugin: &str, e: bindings::dspark::constraint::types::ConstraintError) -> PluginError {
     use bindings::dspark::constraint::types::ErrorCode as W;
     let code = match e.code {
@@ -500,6 +522,22 @@ pub(crate) fn wit_error(plugin: &str, e: bindings::dspark::constraint::types::Co
     };
     PluginError::Constraint {
         plugin: plugin.to_string(),
-        error: super::ConstraintError { code, message: e.message, location: e.location },
+        error: super::ConstraintError {
+            code,
+            message: capped(e.message, MAX_MESSAGE_BYTES),
+            location: e.location.map(|l| capped(l, MAX_LOCATION_BYTES)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::capped;
+
+    #[test]
+    fn capping_keeps_whole_characters_and_says_what_was_cut() {
+        assert_eq!(capped("short".to_string(), 5), "short");
+        // `€` is three bytes: a cut at 4 falls inside the second one, which goes too.
+        assert_eq!(capped("€€€".to_string(), 4), "€ [... 6 of 9 bytes cut]");
     }
 }

@@ -14,13 +14,16 @@
 //! | `bad-token`       | `compute-mask` allows a token id beyond the vocabulary      |
 //! | `huge-span`       | `commit` returns a forced span of a million tokens          |
 //! | `wasi-probe`      | `compile` reports, as an error message, what WASI granted   |
+//! | `verbose`         | source `error`: a 1 MB error; else 1,000 warnings of 10 KB  |
 
 use std::hint::black_box;
 use std::sync::Arc;
 
-use dspark_guest::{CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, TokenTable};
+use dspark_guest::{
+    CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, TokenTable, Warning,
+};
 
-const KINDS: [&str; 11] = [
+const KINDS: [&str; 12] = [
     "bitset",
     "loop-mask",
     "sleep-mask",
@@ -32,6 +35,7 @@ const KINDS: [&str; 11] = [
     "bad-token",
     "huge-span",
     "wasi-probe",
+    "verbose",
 ];
 
 /// The plugin.
@@ -60,13 +64,18 @@ impl Plugin for Testkit {
     fn compile(
         &self,
         kind: &str,
-        _source: &str,
+        source: &str,
         _options: &str,
         table: &Arc<TokenTable>,
     ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
         dspark_guest::check_kind(kind, &KINDS)?;
         // The served name as a `'static` str (the frames keep it).
         let kind = KINDS.iter().copied().find(|k| *k == kind).unwrap_or("bitset");
+        if kind == "verbose" && source == "error" {
+            let mut e = ConstraintError::new(ErrorCode::InvalidSource, "é".repeat(500_000));
+            e.location = Some("x".repeat(1 << 20));
+            return Err(e);
+        }
         if kind == "wasi-probe" {
             return Err(ConstraintError::new(ErrorCode::Unsupported, wasi_probe()));
         }
@@ -89,6 +98,13 @@ impl Plugin for Testkit {
 }
 
 impl CompiledConstraint for Compiled {
+    fn warnings(&self) -> Vec<Warning> {
+        if self.kind != "verbose" {
+            return Vec::new();
+        }
+        (0..1000).map(|i| Warning { location: format!("/{i}"), message: "w".repeat(10_000) }).collect()
+    }
+
     fn new_matcher(&self) -> Box<dyn Matcher> {
         Box::new(TestMatcher { kind: self.kind, table: self.table.clone(), words: self.words.clone(), len: 0 })
     }
