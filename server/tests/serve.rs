@@ -229,6 +229,26 @@ fn errors_use_the_openai_shape_and_status() {
     let bad_schema = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strnig"}}}}}});
     let r = post(&chat(bad_schema).to_string());
     assert_error(&r, 400, Some("response_format.json_schema.schema"), "strnig");
+    // Strict mode refuses what the plugin can only approximate; without it the request runs.
+    let approximated = json!({"type": "array", "items": {"type": "array"}, "uniqueItems": true});
+    let with_strict = |strict: Value| {
+        chat(
+            json!({"max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": strict, "schema": approximated}}}),
+        )
+    };
+    let r = post(&with_strict(json!(true)).to_string());
+    assert_error(
+        &r,
+        400,
+        Some("response_format.json_schema.schema"),
+        "strict mode: the constraint can only be approximated at `#/uniqueItems`: `uniqueItems` is not enforced",
+    );
+    assert!(
+        r.json()["error"]["message"].as_str().unwrap().ends_with("; send `strict: false` to accept the approximation")
+    );
+    assert_eq!(post(&with_strict(json!(false)).to_string()).status, 200);
+    let r = post(&with_strict(json!("yes")).to_string());
+    assert_error(&r, 400, Some("response_format.json_schema.strict"), "must be a boolean");
     let r = post(&chat(json!({"structured_outputs": {"regex": "(unclosed"}})).to_string());
     assert_error(&r, 400, Some("structured_outputs.regex"), "regex");
     let r = post(&chat(json!({"structured_outputs": {"regex": "a"}, "guided_choice": ["b"]})).to_string());
@@ -415,6 +435,22 @@ fn tool_calls_in_the_generic_format() {
     bad["tools"][0]["function"]["parameters"] = json!({"type": "object", "properties": {"a": {"type": "strnig"}}});
     let r = post_raw(addr, &bad);
     assert_error(&r, 400, Some("tools"), "/tools/0/function/parameters");
+    // A strict tool whose parameters are only approximated is refused, naming that tool; the
+    // same tools without `strict` are served.
+    let mut strict = body.clone();
+    let approximated = json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "array"}, "uniqueItems": true}}});
+    strict["tools"] = json!([tools[0], {"type": "function", "function": {"name": "tag", "strict": true, "parameters": approximated}}]);
+    let r = post_raw(addr, &strict);
+    assert_error(
+        &r,
+        400,
+        Some("tools"),
+        "strict mode: the constraint can only be approximated at `/tools/1/function/parameters#/properties/tags/uniqueItems`",
+    );
+    strict["tools"][1]["function"]["strict"] = json!(false);
+    assert_eq!(post_raw(addr, &strict).status, 200);
+    strict["tools"][1]["function"]["strict"] = json!(1);
+    assert_error(&post_raw(addr, &strict), 400, Some("tools[1].function.strict"), "must be a boolean");
     let mut both = body.clone();
     both["response_format"] = json!({"type": "json_object"});
     let r = post_raw(addr, &both);

@@ -120,7 +120,7 @@ fn a_call_that_waits_past_the_backstop_is_stopped() {
     let f = fixture_with_deadlines(100, Duration::from_millis(20), Duration::from_secs(10));
     let tok = ByteTokenizer::new(&[]);
     let pausing: Arc<dyn CanonicalTokenizer> =
-        Arc::new(PausingTokenizer { inner: tok.clone(), pause: Duration::from_millis(1100) });
+        Arc::new(PausingTokenizer { inner: tok.clone(), pause: Duration::from_millis(1500) });
     let plugin = f.registry.get("testkit").expect("testkit loaded");
     let mut inst = plugin.instantiate(tok.table(), pausing).expect("instantiates");
     let c = inst.compile("tokenize-mask", "", "{}").unwrap();

@@ -21,7 +21,12 @@
 //! constraint.
 //!
 //! Compilation errors of the plugin (a bad schema, an unsupported keyword) are 400s with the
-//! plugin's message and JSON pointer. Instances are pooled per plugin and model: a request
+//! plugin's message and JSON pointer. A constraint the plugin can only approximate (its compile
+//! warnings, e.g. `uniqueItems` over arrays of arrays) is served as well as it can be and the
+//! warnings are logged, unless the request asked for OpenAI's strict mode
+//! (`response_format.json_schema.strict: true`, or `strict: true` on a tool's function): then
+//! the first warning in a strict part is a 400, as OpenAI refuses what strict mode cannot
+//! guarantee. Instances are pooled per plugin and model: a request
 //! takes one for its lifetime (a Wasm store runs one call at a time) and gives it back, with
 //! its compiled constraints cached by source, when it ends.
 
@@ -54,11 +59,22 @@ pub struct ConstraintSpec {
     /// For JSON kinds, the schema finished answers must validate against (`Value::Bool(true)`
     /// for any JSON).
     pub validate: Option<Value>,
+    /// Strict mode: the plugin locations (prefixes) where an approximation is refused; `""`
+    /// covers the whole source, `/tools/1/` one tool.
+    pub strict: Vec<String>,
 }
 
 impl ConstraintSpec {
     fn new(kind: &str, source: String, field: &str) -> Self {
-        Self { plugin: None, kind: kind.into(), source, options: String::new(), field: field.into(), validate: None }
+        Self {
+            plugin: None,
+            kind: kind.into(),
+            source,
+            options: String::new(),
+            field: field.into(),
+            validate: None,
+            strict: Vec::new(),
+        }
     }
 
     /// The `tool-call` plugin's constraint for a request's tools (see [`super::tools`]).
@@ -184,7 +200,18 @@ fn from_response_format(format: &Value) -> Result<Option<ConstraintSpec>, ApiErr
                     "`response_format.json_schema.schema` is required",
                 )
             })?;
-            Ok(Some(ConstraintSpec::json_schema(schema, "response_format.json_schema.schema")?))
+            let mut spec = ConstraintSpec::json_schema(schema, "response_format.json_schema.schema")?;
+            match format.get("json_schema").and_then(|j| j.get("strict")) {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+                Some(Value::Bool(true)) => spec.strict = vec![String::new()],
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.strict",
+                        "`response_format.json_schema.strict` must be a boolean",
+                    ));
+                }
+            }
+            Ok(Some(spec))
         }
         "plugin" => {
             let text = |key: &str| -> Result<String, ApiError> {
@@ -212,6 +239,7 @@ fn from_response_format(format: &Value) -> Result<Option<ConstraintSpec>, ApiErr
                 options,
                 field: "response_format".into(),
                 validate: None,
+                strict: Vec::new(),
             }))
         }
         other => Err(ApiError::invalid(
@@ -338,6 +366,13 @@ pub fn build(
         lock(&metrics.compile_seconds).observe(started.elapsed().as_secs_f64());
         match compiled {
             Ok(c) => {
+                if let Some((location, message)) = c.warnings.first() {
+                    tracing::warn!(
+                        field = %spec.field,
+                        warnings = c.warnings.len(),
+                        "the constraint is approximated: at `{location}`: {message}"
+                    );
+                }
                 pooled.compiled.insert(key.clone(), c);
             }
             Err(e) => {
@@ -345,6 +380,10 @@ pub fn build(
                 return Err(plugin_error(spec, e));
             }
         }
+    }
+    if let Some(refused) = strict_refusal(spec, &pooled.compiled[&key].warnings) {
+        lock(&pool.idle).push(pooled);
+        return Err(refused);
     }
     let mode = if dspark {
         Mode::Tree(TreeWalker::new(lock(&pool.trees).get(&key)))
@@ -361,6 +400,24 @@ pub fn build(
         }
     }
     Ok(PluginConstraint { pool, source: Some(source), mode })
+}
+
+/// The 400 of strict mode: the first warning in a part of the source the request made strict.
+fn strict_refusal(spec: &ConstraintSpec, warnings: &[(String, String)]) -> Option<ApiError> {
+    let in_strict = |location: &str| spec.strict.iter().any(|prefix| location.starts_with(prefix.as_str()));
+    let mut refused = warnings.iter().filter(|(location, _)| in_strict(location));
+    let (location, message) = refused.next()?;
+    let more = match refused.count() {
+        0 => String::new(),
+        n => format!(" (and {n} more)"),
+    };
+    Some(ApiError::invalid(
+        spec.field.clone(),
+        format!(
+            "strict mode: the constraint can only be approximated at `{location}`: {message}{more}; \
+             send `strict: false` to accept the approximation"
+        ),
+    ))
 }
 
 /// One sequence's own matcher in a pooled instance, created at its first use.

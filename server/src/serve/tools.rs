@@ -122,6 +122,13 @@ pub fn plan(
         "tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel.unwrap_or(true), "format": format.name(),
     });
     let mut spec = ConstraintSpec::tool_call(source.to_string());
+    // OpenAI's `function.strict`: an approximated schema of that tool is refused.
+    spec.strict = tools
+        .iter()
+        .enumerate()
+        .filter(|(_, tool)| tool["function"]["strict"] == Value::Bool(true))
+        .map(|(i, _)| format!("/tools/{i}/"))
+        .collect();
     // Arguments in the style chat templates write them back (`tojson`: Python's json.dumps,
     // `", "` and `": "`), so the model continues the style its context shows.
     spec.options = json!({"separators": [", ", ": "]}).to_string();
@@ -151,6 +158,12 @@ fn check_tool(i: usize, tool: &Value) -> Result<(), ApiError> {
                 dspark_plugin_tool_call::MAX_NAME_BYTES,
                 name
             ),
+        ));
+    }
+    if !matches!(function.get("strict"), None | Some(Value::Null) | Some(Value::Bool(_))) {
+        return Err(ApiError::invalid(
+            field(".function.strict"),
+            format!("`tools[{i}].function.strict` must be a boolean"),
         ));
     }
     match function.get("parameters") {
