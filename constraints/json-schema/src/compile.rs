@@ -189,6 +189,10 @@ pub struct Compiler<'a> {
     queue: Vec<(NodeId, Job)>,
     /// Warnings, with the pointer they apply to.
     pub warnings: Vec<Warning>,
+    /// Which of `warnings` are approximations that can let through a value the schema
+    /// rejects (strict mode refuses those); the others only refuse values it admits, or
+    /// report a keyword that JSON Schema says to ignore.
+    permissive: Vec<usize>,
     depth: usize,
 }
 
@@ -226,6 +230,7 @@ impl<'a> Compiler<'a> {
                     .is_some_and(|s| s.contains("draft-04") || s.contains("draft-06")),
             },
             warnings: Vec::new(),
+            permissive: Vec::new(),
             queue: Vec::new(),
             depth: 0,
         };
@@ -235,7 +240,9 @@ impl<'a> Compiler<'a> {
     }
 
     /// Compiles the document into a graph.
-    pub fn compile(mut self, order: PropertyOrder) -> Result<(Graph, Vec<Warning>), ConstraintError> {
+    /// With `strict`, the first approximation that could let an invalid value through is an
+    /// `unsupported` error instead of a warning.
+    pub fn compile(mut self, order: PropertyOrder, strict: bool) -> Result<(Graph, Vec<Warning>), ConstraintError> {
         let root = self.schema(self.root, "")?;
         while let Some((id, job)) = self.queue.pop() {
             let built = match job {
@@ -258,10 +265,24 @@ impl<'a> Compiler<'a> {
                 "the schema admits no value (a circular `$ref` with no base case, or contradictory keywords)",
             ));
         }
+        if strict && let Some(&first) = self.permissive.first() {
+            let w = &self.warnings[first];
+            return Err(ConstraintError::new(
+                ErrorCode::Unsupported,
+                format!("strict mode: {}; without strict mode this is served as a warning", w.message),
+            )
+            .at(w.location.clone()));
+        }
         Ok((
             Graph { nodes: self.nodes, literals: self.literals, dfas: self.dfas, live: self.live, root, order },
             self.warnings,
         ))
+    }
+
+    /// Records a warning for an approximation that can let through a value the schema rejects.
+    fn warn_permissive(&mut self, warning: Warning) {
+        self.permissive.push(self.warnings.len());
+        self.warnings.push(warning);
     }
 
     /// A graph that admits any JSON value (`root = ANY`) or any object.
@@ -757,7 +778,7 @@ impl<'a> Compiler<'a> {
                     alts.push(self.compile_map(merged, &bptr)?);
                 }
                 if kw == "oneOf" && !disjoint_types(branches) {
-                    self.warnings.push(Warning {
+                    self.warn_permissive(Warning {
                         location: format!("#{ptr}/oneOf"),
                         message: "`oneOf` is enforced as `anyOf`: an output matching several branches is not rejected"
                             .into(),
@@ -1267,7 +1288,7 @@ impl<'a> Compiler<'a> {
                         let Node::Array(a) = &mut self.nodes[id as usize] else { continue };
                         a.unique_values = true;
                     }
-                    _ => self.warnings.push(Warning {
+                    _ => self.warn_permissive(Warning {
                         location: format!("#{ptr}/uniqueItems"),
                         message: "`uniqueItems` is not enforced: an array may repeat items (it is enforced for \
                               items from an `enum` of at most 64 strings, booleans or null, for \
@@ -1388,6 +1409,7 @@ impl<'a> Compiler<'a> {
             Ok(id) => Some(id),
             Err(_) => {
                 self.warnings.truncate(warnings);
+                self.permissive.retain(|&i| i < warnings);
                 self.unique_arrays.truncate(unique);
                 None
             }
@@ -1523,14 +1545,19 @@ impl<'a> Compiler<'a> {
             match formats::pattern(f) {
                 Some((p, exact)) => {
                     if !exact {
-                        self.warnings.push(Warning {
+                        let warning = Warning {
                             location: format!("#{ptr}/format"),
                             message: format!("format `{f}` is approximated {}", formats::approximation(f)),
-                        });
+                        };
+                        if formats::approximation_admits_more(f) {
+                            self.warn_permissive(warning);
+                        } else {
+                            self.warnings.push(warning);
+                        }
                     }
                     sources.push((p.to_string(), false, format!("{ptr}/format")));
                 }
-                None => self.warnings.push(Warning {
+                None => self.warn_permissive(Warning {
                     location: format!("#{ptr}/format"),
                     message: format!("unknown format `{f}`: any string is allowed"),
                 }),
@@ -1758,7 +1785,7 @@ impl<'a> Compiler<'a> {
                 && x.abs() > EXACT
                 && exact.is_none()
             {
-                self.warnings.push(Warning {
+                self.warn_permissive(Warning {
                     location: format!("#{ptr}/{k}"),
                     message: format!(
                         "a bound beyond 2^53 is compared in floating point: numbers within {} of it may pass",
@@ -1768,7 +1795,7 @@ impl<'a> Compiler<'a> {
             }
         }
         if multiple_of.is_some() && !integer {
-            self.warnings.push(Warning {
+            self.warn_permissive(Warning {
                 location: format!("#{ptr}/multipleOf"),
                 message: "`multipleOf` on a non-integer is checked with a floating-point tolerance".into(),
             });

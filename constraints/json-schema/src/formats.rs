@@ -8,6 +8,9 @@ const DATE: &str = concat!(
 );
 /// A time of day with an offset. Leap seconds (`:60`) are not generated.
 const TIME: &str = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
+/// A character of an RFC 5322 `atext`: the dot-atom of an address's local part is runs of
+/// these joined by single dots.
+const ATEXT: &str = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]";
 const LABEL: &str = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
 /// A hostname label as [`LABEL`], without `-` in both its third and fourth place: such labels
 /// are reserved for IDNA (`xn--` and a valid Punycode payload, which a pattern cannot check),
@@ -117,6 +120,12 @@ pub fn approximation(format: &str) -> &'static str {
     }
 }
 
+/// Whether the pattern of an approximated format admits strings the format rejects (strict
+/// mode refuses those); `hostname` and `email` only leave valid forms out.
+pub fn approximation_admits_more(format: &str) -> bool {
+    !matches!(format, "hostname" | "email")
+}
+
 /// The pattern of a known format, or `None`.
 pub fn pattern(format: &str) -> Option<(String, bool)> {
     Some(match format {
@@ -126,7 +135,7 @@ pub fn pattern(format: &str) -> Option<(String, bool)> {
         "uuid" => ("[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}".to_string(), true),
         "ipv4" => (format!(r"({OCTET}\.){{3}}{OCTET}"), true),
         "hostname" => (format!(r"{STRICT_LABEL}(\.{STRICT_LABEL})*"), false),
-        "email" => (format!(r"[A-Za-z0-9.!#$%&'*+/=?^_`{{|}}~-]+@{LABEL}(\.{LABEL})*"), false),
+        "email" => (format!(r"{ATEXT}+(\.{ATEXT}+)*@{LABEL}(\.{LABEL})*"), false),
         "duration" => (
             // RFC 3339 appendix A: a year takes an optional month, which takes an optional
             // day (so no year and day without the month); likewise hours, minutes, seconds.

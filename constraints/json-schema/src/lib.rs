@@ -17,6 +17,13 @@
 //!   key names be forced) or `"any"`;
 //! - `"draft"`: `"4"`, `"6"`, `"7"`, `"2019-09"` or `"2020-12"` when the schema has no
 //!   `$schema` (default 2020-12);
+//! - `"strict": true` (OpenAI's strict mode): an approximation that could let through a value
+//!   the schema rejects (`uniqueItems` not enforced, `oneOf` as `anyOf`, an unknown format, a
+//!   format whose pattern admits more than it, a bound beyond 2^53, `multipleOf` on
+//!   non-integers, checked in floating point with a tolerance) is an `unsupported` error at
+//!   its pointer instead of a warning. Warnings that only leave valid values out (`oneOf`
+//!   enforced strictly, `hostname` and `email` by patterns) or that report a keyword JSON
+//!   Schema says to ignore stay warnings;
 //! - `"whitespace": "flexible"`: any JSON whitespace wherever JSON allows it, at most
 //!   `"max_whitespace"` bytes per gap (default 20, so a model cannot loop on blank lines);
 //! - `"whitespace_pattern"`: a regex the whitespace of every gap must match (vLLM's and
@@ -61,6 +68,8 @@ pub struct Options {
     pub draft: Option<String>,
     /// Whitespace between tokens.
     pub layout: Layout,
+    /// Strict mode: an approximation that could let an invalid value through is an error.
+    pub strict: bool,
 }
 
 /// The most bytes `max_whitespace` may allow per gap.
@@ -91,6 +100,8 @@ pub fn parse_options(options: &str) -> Result<Options, ConstraintError> {
             ("property_order", Value::String(o)) if o == "schema" => out.order = PropertyOrder::Schema,
             ("property_order", Value::String(o)) if o == "any" => out.order = PropertyOrder::Any,
             ("property_order", _) => return Err(bad("`property_order` must be \"schema\" or \"any\"".into())),
+            ("strict", Value::Bool(b)) => out.strict = *b,
+            ("strict", _) => return Err(bad("`strict` must be true or false".into())),
             ("whitespace", Value::String(w)) if w == "compact" => flexible = false,
             ("whitespace", Value::String(w)) if w == "flexible" => flexible = true,
             ("whitespace", _) => return Err(bad("`whitespace` must be \"compact\" or \"flexible\"".into())),
@@ -130,7 +141,7 @@ pub fn parse_options(options: &str) -> Result<Options, ConstraintError> {
             }
             (other, _) => {
                 return Err(bad(format!(
-                    "unknown option `{other}`; known: property_order, draft, whitespace, max_whitespace, whitespace_pattern, separators, indent"
+                    "unknown option `{other}`; known: property_order, draft, strict, whitespace, max_whitespace, whitespace_pattern, separators, indent"
                 )));
             }
         }
@@ -199,7 +210,7 @@ pub fn compile_recognizer(
     options: &str,
 ) -> Result<(SchemaRecognizer, Vec<dspark_guest::Warning>), ConstraintError> {
     dspark_guest::check_kind(kind, &KINDS)?;
-    let Options { order, draft, layout } = parse_options(options)?;
+    let Options { order, draft, layout, strict } = parse_options(options)?;
     match kind {
         "json-object" => Ok((SchemaRecognizer::with_layout(compile::Compiler::any(true, order), layout), Vec::new())),
         "json-value" => Ok((SchemaRecognizer::with_layout(compile::Compiler::any(false, order), layout), Vec::new())),
@@ -217,7 +228,7 @@ pub fn compile_recognizer(
                     ConstraintError::new(ErrorCode::InvalidSource, format!("the schema is not valid JSON: {e}"))
                 }
             })?;
-            let (graph, warnings) = compile::Compiler::with_draft(&schema, draft.as_deref()).compile(order)?;
+            let (graph, warnings) = compile::Compiler::with_draft(&schema, draft.as_deref()).compile(order, strict)?;
             Ok((SchemaRecognizer::with_layout(graph, layout), warnings))
         }
     }

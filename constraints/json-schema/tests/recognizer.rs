@@ -574,3 +574,59 @@ fn a_slash_under_a_pattern_is_written_plain_and_forced() {
     let (rec, _) = compile_recognizer("json-schema", r#"{"type":"string"}"#, "{}").unwrap();
     assert!(rec.matches(br#""a\/b""#));
 }
+
+/// Strict mode refuses the approximations that could let an invalid document through, at
+/// their pointer, and keeps those that only leave valid documents out.
+#[test]
+fn strict_mode_refuses_approximations_that_admit_more() {
+    let strict = r#"{"strict":true}"#;
+    let refused = [
+        (
+            r#"{"type":"array","items":{"type":"array"},"uniqueItems":true}"#,
+            "#/uniqueItems",
+            "`uniqueItems` is not enforced",
+        ),
+        (
+            r#"{"oneOf":[{"type":"string","pattern":"a"},{"type":"string","pattern":"b"}]}"#,
+            "#/oneOf",
+            "`oneOf` is enforced as `anyOf`",
+        ),
+        (r#"{"properties":{"a":{"type":"string","format":"shoe-size"}}}"#, "#/properties/a/format", "unknown format"),
+        (r#"{"type":"string","format":"iri"}"#, "#/format", "format `iri` is approximated"),
+        (r#"{"type":"number","multipleOf":0.1}"#, "#/multipleOf", "floating-point tolerance"),
+        (r#"{"type":"number","maximum":1e300}"#, "#/maximum", "beyond 2^53"),
+    ];
+    for (schema, at, what) in refused {
+        let (_, warnings) = compile_recognizer("json-schema", schema, "{}").unwrap();
+        assert!(warnings.iter().any(|w| w.location == at && w.message.contains(what)), "{schema}: {warnings:?}");
+        let e = compile_recognizer("json-schema", schema, strict).err().unwrap_or_else(|| panic!("{schema}"));
+        assert_eq!(e.code, dspark_guest::ErrorCode::Unsupported, "{schema}");
+        assert_eq!(e.location.as_deref(), Some(at), "{schema}");
+        assert!(e.message.starts_with("strict mode: ") && e.message.contains(what), "{e}");
+        assert!(e.message.ends_with("; without strict mode this is served as a warning"), "{e}");
+    }
+    // Warnings that never let an invalid document through are not refused.
+    let kept = [
+        r#"{"type":"string","format":"email"}"#,
+        r#"{"type":"string","format":"hostname"}"#,
+        r#"{"type":"string","maxLenght":3}"#,
+    ];
+    for schema in kept {
+        let (_, warnings) =
+            compile_recognizer("json-schema", schema, strict).unwrap_or_else(|e| panic!("{schema}: {e}"));
+        assert!(!warnings.is_empty(), "{schema} is approximated");
+    }
+    let e = compile_recognizer("json-schema", "{}", r#"{"strict":"yes"}"#).err().unwrap();
+    assert!(e.message.contains("`strict` must be true or false"), "{e}");
+}
+
+/// An email's local part is a dot-atom: runs of characters joined by single dots.
+#[test]
+fn email_local_parts_are_dot_atoms() {
+    check(
+        r#"{"type":"string","format":"email"}"#,
+        "{}",
+        &[r#""a.b+c@example.com""#, r#""x@y""#, r#""o'hara@ie.example""#],
+        &[r#"".a@example.com""#, r#""a.@example.com""#, r#""a..b@example.com""#, r#""@example.com""#],
+    );
+}

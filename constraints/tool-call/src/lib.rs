@@ -19,7 +19,8 @@
 //! - `format`: `hermes`, `llama3`, `mistral` or `generic` (default); see [`syntax`].
 //!
 //! Options are the json-schema plugin's (`property_order`, `draft`) and apply to every tool's
-//! parameters. The arguments are compiled by the json-schema compiler used as a library, so a
+//! parameters; a tool with OpenAI's `function.strict: true` has its parameters compiled in that
+//! plugin's strict mode as well. The arguments are compiled by the json-schema compiler used as a library, so a
 //! tool's arguments are held to exactly what the json-schema plugin holds a document to, with
 //! its warnings (pointers prefixed with the tool's place in the source) and its errors.
 //!
@@ -343,14 +344,27 @@ fn failure(pattern: &[u8]) -> Vec<u16> {
 
 /// A parsed source (see the crate docs).
 pub struct Source {
-    /// The tools: (name, parameters schema, place in the source).
-    pub tools: Vec<(String, Value, String)>,
+    /// The tools, in the source's order.
+    pub tools: Vec<SourceTool>,
     /// The choice.
     pub choice: ToolChoice,
     /// Whether several calls may be written.
     pub parallel: bool,
     /// The syntax.
     pub format: Format,
+}
+
+/// One tool of a [`Source`].
+pub struct SourceTool {
+    /// The function's name.
+    pub name: String,
+    /// Its parameters' JSON Schema.
+    pub parameters: Value,
+    /// The parameters' place in the source (a JSON pointer).
+    pub at: String,
+    /// OpenAI's `function.strict`: the parameters are compiled in the json-schema plugin's
+    /// strict mode.
+    pub strict: bool,
 }
 
 fn invalid(message: impl Into<String>, at: &str) -> ConstraintError {
@@ -426,7 +440,7 @@ impl Source {
                     &format!("{at}/function/name"),
                 ));
             }
-            if tools.iter().any(|(n, _, _): &(String, Value, String)| n == name) {
+            if tools.iter().any(|t: &SourceTool| t.name == name) {
                 return Err(invalid(format!("two tools are named `{name}`"), &format!("{at}/function/name")));
             }
             let parameters = match function.get("parameters") {
@@ -435,7 +449,17 @@ impl Source {
                 }
                 Some(p) => p.clone(),
             };
-            tools.push((name.to_string(), parameters, format!("{at}/function/parameters")));
+            let strict = match function.get("strict") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(invalid("`strict` must be true or false", &format!("{at}/function/strict"))),
+            };
+            tools.push(SourceTool {
+                name: name.to_string(),
+                parameters,
+                at: format!("{at}/function/parameters"),
+                strict,
+            });
         }
         let choice = match map.get("tool_choice") {
             None => ToolChoice::Auto,
@@ -448,7 +472,7 @@ impl Source {
                 let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).ok_or_else(|| {
                     invalid("a named `tool_choice` needs `function.name`", "/tool_choice/function/name")
                 })?;
-                if !tools.iter().any(|(n, _, _)| n == name) {
+                if !tools.iter().any(|t| t.name == *name) {
                     return Err(invalid(
                         format!("`tool_choice` names `{name}`, which is not one of the tools"),
                         "/tool_choice/function/name",
@@ -479,6 +503,20 @@ impl Source {
     }
 }
 
+/// `options` with the json-schema plugin's `strict` set.
+fn with_strict(options: &str) -> Result<String, ConstraintError> {
+    let mut map = if options.trim().is_empty() {
+        serde_json::Map::new()
+    } else {
+        match serde_json::from_str::<Value>(options) {
+            Ok(Value::Object(map)) => map,
+            _ => return Err(ConstraintError::new(ErrorCode::InvalidOptions, "options must be a JSON object")),
+        }
+    };
+    map.insert("strict".into(), Value::Bool(true));
+    Ok(Value::Object(map).to_string())
+}
+
 /// Compiles a source into the recogniser and the warnings of the tools' schemas.
 pub fn compile_recognizer(
     kind: &str,
@@ -489,12 +527,19 @@ pub fn compile_recognizer(
     let source = Source::parse(source)?;
     let mut warnings = Vec::new();
     let mut tools = Vec::new();
-    for (name, parameters, at) in &source.tools {
+    for SourceTool { name, parameters, at, strict } in &source.tools {
         if let ToolChoice::Named(chosen) = &source.choice
             && chosen != name
         {
             continue;
         }
+        let strict_options;
+        let options = if *strict {
+            strict_options = with_strict(options)?;
+            strict_options.as_str()
+        } else {
+            options
+        };
         let (args, w) = dspark_plugin_json_schema::compile_recognizer("json-schema", &parameters.to_string(), options)
             .map_err(|mut e| {
                 e.message = format!("tool `{name}`: {}", e.message);
@@ -623,6 +668,30 @@ mod tests {
         assert_eq!(w.rejected_at, Some(0));
         let two = format!("{}\n{}", call("ping", "{}"), call("ping", "{}"));
         assert!(!walk_text(&mut *c.new_matcher(), &table, two.as_bytes()).accepted(), "parallel_tool_calls: false");
+    }
+
+    #[test]
+    fn a_strict_tool_refuses_an_approximated_schema_and_only_its_own() {
+        let approximated = json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "array"}, "uniqueItems": true}}});
+        let source = |strict: Value| {
+            let mut tools = tools();
+            tools[1]["function"]["parameters"] = approximated.clone();
+            tools[1]["function"]["strict"] = strict;
+            tools[0]["function"]["strict"] = json!(true);
+            json!({"tools": tools, "tool_choice": "required", "format": "generic"}).to_string()
+        };
+        let at = "/tools/1/function/parameters#/properties/tags/uniqueItems";
+        let Err(e) = compile_recognizer("tool-call", &source(json!(true)), "{}") else { panic!("strict is refused") };
+        assert_eq!((e.code, e.location.as_deref()), (ErrorCode::Unsupported, Some(at)));
+        assert!(e.message.starts_with("tool `get_time`: strict mode: `uniqueItems` is not enforced"), "{e}");
+        // Not strict: served, with the warning; `get_weather` being strict does not matter.
+        let (_, warnings) =
+            compile_recognizer("tool-call", &source(json!(false)), r#"{"property_order":"any"}"#).unwrap();
+        assert_eq!(warnings.len(), 1);
+        assert_eq!(warnings[0].location, at);
+        let Err(e) = compile_recognizer("tool-call", &source(json!("yes")), "{}") else { panic!("a bad strict") };
+        assert_eq!(e.location.as_deref(), Some("/tools/1/function/strict"));
+        assert!(e.message.contains("`strict` must be true or false"), "{e}");
     }
 
     #[test]

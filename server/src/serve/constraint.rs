@@ -22,11 +22,12 @@
 //!
 //! Compilation errors of the plugin (a bad schema, an unsupported keyword) are 400s with the
 //! plugin's message and JSON pointer. A constraint the plugin can only approximate (its compile
-//! warnings, e.g. `uniqueItems` over arrays of arrays) is served as well as it can be and the
-//! warnings are logged, unless the request asked for OpenAI's strict mode
-//! (`response_format.json_schema.strict: true`, or `strict: true` on a tool's function): then
-//! the first warning in a strict part is a 400, as OpenAI refuses what strict mode cannot
-//! guarantee. Instances are pooled per plugin and model: a request
+//! warnings, e.g. `uniqueItems` over arrays of arrays) is served as closely as it can be and
+//! the first warning is logged, unless the request asked for OpenAI's strict mode
+//! (`response_format.json_schema.strict: true`, or `strict: true` on a tool's function, which
+//! the tool-call plugin reads from its source): the json-schema plugin's `strict` option then
+//! makes an approximation that could let an invalid answer through a 400, as OpenAI refuses
+//! what strict mode cannot guarantee. Instances are pooled per plugin and model: a request
 //! takes one for its lifetime (a Wasm store runs one call at a time) and gives it back, with
 //! its compiled constraints cached by source, when it ends.
 
@@ -59,27 +60,26 @@ pub struct ConstraintSpec {
     /// For JSON kinds, the schema finished answers must validate against (`Value::Bool(true)`
     /// for any JSON).
     pub validate: Option<Value>,
-    /// Strict mode: the plugin locations (prefixes) where an approximation is refused; `""`
-    /// covers the whole source, `/tools/1/` one tool.
-    pub strict: Vec<String>,
 }
 
 impl ConstraintSpec {
     fn new(kind: &str, source: String, field: &str) -> Self {
-        Self {
-            plugin: None,
-            kind: kind.into(),
-            source,
-            options: String::new(),
-            field: field.into(),
-            validate: None,
-            strict: Vec::new(),
-        }
+        Self { plugin: None, kind: kind.into(), source, options: String::new(), field: field.into(), validate: None }
     }
 
     /// The `tool-call` plugin's constraint for a request's tools (see [`super::tools`]).
     pub fn tool_call(source: String) -> Self {
         Self::new("tool-call", source, "tools")
+    }
+
+    /// Sets one of the plugin's options, keeping the others.
+    fn set_option(&mut self, key: &str, value: Value) {
+        let mut options = match serde_json::from_str::<Value>(&self.options) {
+            Ok(Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        options.insert(key.to_string(), value);
+        self.options = Value::Object(options).to_string();
     }
 
     fn json_schema(schema: &Value, field: &str) -> Result<Self, ApiError> {
@@ -148,7 +148,7 @@ pub fn from_request(sampling: &super::api::Sampling) -> Result<Option<Constraint
     if let Some(pattern) = whitespace_pattern {
         // vLLM's whitespace pattern: the json-schema plugin's option of the same name.
         match found.iter_mut().find(|s| s.kind == "json-schema" || s.kind == "json-object") {
-            Some(spec) => spec.options = serde_json::json!({"whitespace_pattern": pattern}).to_string(),
+            Some(spec) => spec.set_option("whitespace_pattern", Value::String(pattern)),
             None => {
                 return Err(ApiError::invalid(
                     "structured_outputs.whitespace_pattern",
@@ -203,7 +203,7 @@ fn from_response_format(format: &Value) -> Result<Option<ConstraintSpec>, ApiErr
             let mut spec = ConstraintSpec::json_schema(schema, "response_format.json_schema.schema")?;
             match format.get("json_schema").and_then(|j| j.get("strict")) {
                 None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-                Some(Value::Bool(true)) => spec.strict = vec![String::new()],
+                Some(Value::Bool(true)) => spec.set_option("strict", Value::Bool(true)),
                 Some(_) => {
                     return Err(ApiError::invalid(
                         "response_format.json_schema.strict",
@@ -239,7 +239,6 @@ fn from_response_format(format: &Value) -> Result<Option<ConstraintSpec>, ApiErr
                 options,
                 field: "response_format".into(),
                 validate: None,
-                strict: Vec::new(),
             }))
         }
         other => Err(ApiError::invalid(
@@ -381,10 +380,6 @@ pub fn build(
             }
         }
     }
-    if let Some(refused) = strict_refusal(spec, &pooled.compiled[&key].warnings) {
-        lock(&pool.idle).push(pooled);
-        return Err(refused);
-    }
     let mode = if dspark {
         Mode::Tree(TreeWalker::new(lock(&pool.trees).get(&key)))
     } else {
@@ -400,24 +395,6 @@ pub fn build(
         }
     }
     Ok(PluginConstraint { pool, source: Some(source), mode })
-}
-
-/// The 400 of strict mode: the first warning in a part of the source the request made strict.
-fn strict_refusal(spec: &ConstraintSpec, warnings: &[(String, String)]) -> Option<ApiError> {
-    let in_strict = |location: &str| spec.strict.iter().any(|prefix| location.starts_with(prefix.as_str()));
-    let mut refused = warnings.iter().filter(|(location, _)| in_strict(location));
-    let (location, message) = refused.next()?;
-    let more = match refused.count() {
-        0 => String::new(),
-        n => format!(" (and {n} more)"),
-    };
-    Some(ApiError::invalid(
-        spec.field.clone(),
-        format!(
-            "strict mode: the constraint can only be approximated at `{location}`: {message}{more}; \
-             send `strict: false` to accept the approximation"
-        ),
-    ))
 }
 
 /// One sequence's own matcher in a pooled instance, created at its first use.

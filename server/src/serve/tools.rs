@@ -122,13 +122,6 @@ pub fn plan(
         "tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel.unwrap_or(true), "format": format.name(),
     });
     let mut spec = ConstraintSpec::tool_call(source.to_string());
-    // OpenAI's `function.strict`: an approximated schema of that tool is refused.
-    spec.strict = tools
-        .iter()
-        .enumerate()
-        .filter(|(_, tool)| tool["function"]["strict"] == Value::Bool(true))
-        .map(|(i, _)| format!("/tools/{i}/"))
-        .collect();
     // Arguments in the style chat templates write them back (`tojson`: Python's json.dumps,
     // `", "` and `": "`), so the model continues the style its context shows.
     spec.options = json!({"separators": [", ", ": "]}).to_string();
