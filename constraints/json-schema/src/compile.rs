@@ -35,8 +35,9 @@
 //!   64-bit hash of each item's decoded text, and a closing quote that would repeat one is
 //!   refused, which never leaves the writer stuck. It is enforced too over strings with only a
 //!   `maxLength` (a repeat refused at the character that fills it) with literals beside them
-//!   (`[string, null]`: a written literal refused at its first byte), over integers that can
-//!   always be written longer, and over objects that can always take one more property
+//!   (`[string, null]`: a written literal refused at its first byte), over integers with no
+//!   `multipleOf` (a digit refused past which every value within the bounds is written, a
+//!   `,` once none is left), and over objects that can always take one more property
 //!   (additional properties allowed, no `maxProperties`; through unions of such objects):
 //!   each item's bytes are captured while it is written and its value hashed by JSON
 //!   equality (`values`) at its `}`, where a repeat is refused and a `,` can be written
@@ -1247,14 +1248,14 @@ impl<'a> Compiler<'a> {
     /// been written can be extended, so refusing the closing quote of a repeat never leaves
     /// the writer stuck), by remembering a hash of each item's decoded text; likewise over
     /// strings with only a `maxLength`, literals beside such strings
-    /// ([`Self::tracked_items_of`]), integers that can always be written longer, and objects
+    /// ([`Self::tracked_items_of`]), integers ([`Self::unique_integer_of`]), and objects
     /// that can always take another property ([`Self::open_objects_of`]); elsewhere a warning
     /// (other values could repeat in ways that are only visible once they end, with no way
     /// to avoid it by then). Runs once all nodes are built.
     fn resolve_unique_arrays(&mut self) {
         for (id, ptr) in std::mem::take(&mut self.unique_arrays) {
             let Node::Array(a) = &self.nodes[id as usize] else { continue };
-            let (items, exact) = (a.items, a.prefix.is_empty());
+            let (items, exact, min_items) = (a.items, a.prefix.is_empty(), a.min_items);
             match self.literal_set_of(items).filter(|&set| exact && self.literals[set as usize].len() <= 64) {
                 Some(set) => {
                     let values = self.literals[set as usize].len() as u32;
@@ -1265,7 +1266,7 @@ impl<'a> Compiler<'a> {
                         self.nodes[id as usize] = Node::Never;
                     }
                 }
-                None => match (self.open_string_of(items), self.open_integer_of(items)) {
+                None => match (self.open_string_of(items), self.unique_integer_of(items, min_items)) {
                     (Some(string), _) if exact => {
                         let Node::Array(a) = &mut self.nodes[id as usize] else { continue };
                         a.items = string;
@@ -1293,7 +1294,7 @@ impl<'a> Compiler<'a> {
                         message: "`uniqueItems` is not enforced: an array may repeat items (it is enforced for \
                               items from an `enum` of at most 64 strings, booleans or null, for \
                               strings with no `pattern` or `format` that can run out of ways to go on and no \
-                              `maxLength` beside a pattern (with those literals beside them), for integers with no maximum, no minimum below zero and no `multipleOf`, \
+                              `maxLength` beside a pattern (with those literals beside them), for integers with no `multipleOf`, \
                               and for objects that admit additional properties and have no `maxProperties`)"
                             .into(),
                     }),
@@ -1485,21 +1486,26 @@ impl<'a> Compiler<'a> {
         })
     }
 
-    /// The integer node `id` is (through one-branch unions), if every value it admits can be
-    /// written longer into another one it admits, but for zero: no maximum, no minimum below
-    /// zero (a negative prefix near a minimum cannot go on), no `multipleOf`, no exact
-    /// big-integer bounds. What [`ArrayNode::unique_ints`] needs so a repeat never leaves the
-    /// writer stuck.
-    fn open_integer_of(&self, mut id: NodeId) -> Option<NumberNode> {
+    /// The integer node `id` is (through one-branch unions), if [`ArrayNode::unique_ints`]
+    /// can hold its items exact: no `multipleOf`, bounds (if any) within 2^53 so each value
+    /// is exact in the state, and at least `min_items` values between them. The recogniser
+    /// then refuses a digit past which only written values are left, and a `,` once none is.
+    fn unique_integer_of(&self, mut id: NodeId, min_items: u32) -> Option<NumberNode> {
+        const EXACT: f64 = 9_007_199_254_740_992.0;
         for _ in 0..16 {
             match &self.nodes[id as usize] {
                 Node::Number(n)
                     if n.integer
-                        && n.max.is_none()
-                        && n.min.is_none_or(|(m, _)| m >= 0.0)
                         && n.multiple_of.is_none()
-                        && n.exact.is_none() =>
+                        && n.exact.is_none()
+                        && [n.min, n.max].iter().flatten().all(|(m, _)| m.abs() <= EXACT) =>
                 {
+                    let (lo, hi) = crate::graph::integer_bounds(n);
+                    if let (Some(lo), Some(hi)) = (lo, hi)
+                        && hi - lo + 1.0 < f64::from(min_items)
+                    {
+                        return None;
+                    }
                     return Some(n.clone());
                 }
                 Node::Union(alts) if alts.len() == 1 => id = alts[0],

@@ -171,11 +171,11 @@ pub struct ArrayNode {
     /// at its closing quote, or at the character that fills its `maxLength`; a literal at the
     /// first byte past which only written ones are left.
     pub unique_text: bool,
-    /// `uniqueItems` enforced exactly over integers that can always be written longer (no
-    /// upper bound, none below zero, no `multipleOf`): the array's state remembers each
-    /// item's value (in the same list as [`Self::unique_text`]'s hashes), a repeat is
-    /// refused at the byte that ends it, and a zero already written (which cannot go on)
-    /// at its digit.
+    /// `uniqueItems` enforced exactly over integers with no `multipleOf` (bounds within
+    /// 2^53): the array's state remembers each item's value (in the same list as
+    /// [`Self::unique_text`]'s hashes), a digit is refused past which every value within the
+    /// bounds is written already (a zero, which cannot go on, once written), a repeat at the
+    /// byte that ends it, and a `,` once the bounds hold no unwritten value.
     pub unique_ints: bool,
     /// `uniqueItems` enforced exactly over objects that can always take one more property
     /// (additional properties of any name, no `maxProperties`): each item's bytes are
@@ -390,4 +390,11 @@ impl Graph {
     pub fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id as usize]
     }
+}
+
+/// The bounds of an integer node as inclusive integers (`exclusiveMinimum: -1` is `>= 0`).
+pub fn integer_bounds(n: &NumberNode) -> (Option<f64>, Option<f64>) {
+    let lo = n.min.map(|(m, excl)| if excl { m.floor() + 1.0 } else { m.ceil() });
+    let hi = n.max.map(|(m, excl)| if excl { m.ceil() - 1.0 } else { m.floor() });
+    (lo, hi)
 }

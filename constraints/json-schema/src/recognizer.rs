@@ -15,7 +15,7 @@ use regex_automata::util::primitives::StateID;
 
 use dspark_guest::{Recognizer, StateTable, Steps, TokenSet, TokenTable, TokenTrie, key};
 
-use crate::graph::{ANY, Graph, Node, NodeId, PropertyOrder};
+use crate::graph::{ANY, Graph, Node, NodeId, PropertyOrder, integer_bounds};
 use crate::stack::Stack;
 
 /// Object parsing phases.
@@ -739,7 +739,8 @@ impl SchemaRecognizer {
             Frame::Arr { node, phase, count, used, texts, start } => {
                 let Node::Array(a) = g.node(node) else { return };
                 // Under an exact `uniqueItems`, another item needs an unwritten literal.
-                let more = a.unique.is_none_or(|set| g.literals[set as usize].below[0] & !used != 0);
+                let more = a.unique.is_none_or(|set| g.literals[set as usize].below[0] & !used != 0)
+                    && (!a.unique_ints || int_values_left(g, a.items, texts.as_ref().map_or(0, |t| t.len())));
                 let indent = layout.indent.is_some();
                 match (phase, b) {
                     (ARR_OPEN, b']') if count >= a.min_items => out.push(stack),
@@ -868,11 +869,12 @@ impl SchemaRecognizer {
                 // An item under an exact `uniqueItems` over integers: a zero cannot go on, so
                 // a written one is refused at its digit; another repeat where it ends.
                 let unique = n.keep_value && is_unique_int_item(g, &stack, node);
-                if unique && phase == NUM_START && b == b'0' && item_written(&stack, int_key(false, 0)) {
-                    return;
-                }
                 match self.number_step(n, phase, neg, value, frac, exp, exp_neg, b) {
                     NumStep::Continue(NumFrame { phase, neg, value, frac, exp, exp_neg }) => {
+                        if unique && !fresh_int_completion(n, phase, neg, f64::from_bits(value), written_items(&stack))
+                        {
+                            return;
+                        }
                         stack.push(Frame::Num { node, phase, neg, value, frac, exp, exp_neg });
                         out.push(stack);
                     }
@@ -1326,13 +1328,6 @@ fn whole_multiple(n: &crate::graph::NumberNode) -> bool {
     n.multiple_of.is_some_and(|m| m >= 1.0 && m.fract() == 0.0)
 }
 
-/// The bounds of an integer node as inclusive integers (`exclusiveMinimum: -1` is `>= 0`).
-fn integer_bounds(n: &crate::graph::NumberNode) -> (Option<f64>, Option<f64>) {
-    let lo = n.min.map(|(m, excl)| if excl { m.floor() + 1.0 } else { m.ceil() });
-    let hi = n.max.map(|(m, excl)| if excl { m.ceil() - 1.0 } else { m.floor() });
-    (lo, hi)
-}
-
 fn int_prefix_feasible(n: &crate::graph::NumberNode, neg: bool, v: f64) -> bool {
     // Integers: exact inclusive bounds. Others: exclusive ends ignored (a fraction or an
     // exponent can still land inside), a conservative "feasible" that keeps valid documents
@@ -1753,6 +1748,72 @@ fn item_written(stack: &Config, key: u64) -> bool {
     match stack.top() {
         Some(Frame::Arr { texts: Some(items), .. }) => items.binary_search(&key).is_ok(),
         _ => false,
+    }
+}
+
+/// The item keys the array below the top of `stack` has recorded, sorted.
+fn written_items(stack: &Config) -> &[u64] {
+    match stack.top() {
+        Some(Frame::Arr { texts: Some(items), .. }) => items,
+        _ => &[],
+    }
+}
+
+/// Under an exact `uniqueItems` over integers: whether the integer written so far (`phase`,
+/// sign `neg`, magnitude `v`) can still be completed into a value within the bounds that is
+/// not among `written` ([`int_key`]s). A nonzero prefix with `j` more digits spans the
+/// magnitudes `[v·10^j, (v+1)·10^j)`, `0` is zero alone, `-` every negative integer; the
+/// values of those within the bounds are counted and compared with the written ones among
+/// them. Unbounded in the prefix's direction, there is always one more.
+fn fresh_int_completion(n: &crate::graph::NumberNode, phase: u8, neg: bool, v: f64, written: &[u64]) -> bool {
+    let (lo, hi) = integer_bounds(n);
+    // Signed values within the bounds in the magnitudes [a, b].
+    let count = |a: f64, b: f64| {
+        let (x, y) = if neg { (-b, -a) } else { (a, b) };
+        let (x, y) = (lo.map_or(x, |l| x.max(l)), hi.map_or(y, |h| y.min(h)));
+        (y - x + 1.0).max(0.0)
+    };
+    let total = match phase {
+        NUM_ZERO => count(0.0, 0.0),
+        NUM_MINUS if lo.is_none() => return true,
+        NUM_MINUS => count(1.0, f64::MAX),
+        NUM_INT if (if neg { lo } else { hi }).is_none() => return true,
+        NUM_INT => {
+            let far = if neg { lo.map_or(0.0, |l| -l) } else { hi.unwrap_or(0.0) };
+            let (mut total, mut scale) = (0.0, 1.0f64);
+            while v * scale <= far && scale < 1e20 {
+                total += count(v * scale, (v + 1.0) * scale - 1.0);
+                scale *= 10.0;
+            }
+            total
+        }
+        _ => return true,
+    };
+    let prefix = v as u64;
+    let in_prefix = |key: u64| {
+        let (wneg, w) = (key >> 63 == 1, f64::from_bits(key & (u64::MAX >> 1)));
+        match phase {
+            NUM_ZERO => w == 0.0,
+            NUM_MINUS => wneg && w >= 1.0,
+            _ => {
+                let mut x = w as u64;
+                while x > prefix {
+                    x /= 10;
+                }
+                wneg == neg && w >= 1.0 && x == prefix
+            }
+        }
+    };
+    total > written.iter().filter(|&&k| in_prefix(k)).count() as f64
+}
+
+/// Whether an array of integer items (`items`) under an exact `uniqueItems` has a value
+/// within the bounds left once `written` are: what a `,` needs.
+fn int_values_left(g: &Graph, items: NodeId, written: usize) -> bool {
+    let Node::Number(n) = g.node(items) else { return true };
+    match integer_bounds(n) {
+        (Some(lo), Some(hi)) => hi - lo + 1.0 > written as f64,
+        _ => true,
     }
 }
 

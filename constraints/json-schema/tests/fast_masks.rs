@@ -154,6 +154,11 @@ fn fast_masks_equal_the_trie_walk() {
         compare(ints, "{}", prefix);
     }
     compare(ints, r#"{"whitespace":"flexible"}"#, "[12, 1");
+    // Bounded integers: the tokens whose digits lead only to written values are refused too.
+    let bounded = r#"{"type":"array","items":{"type":"integer","minimum":-12,"maximum":13},"uniqueItems":true}"#;
+    for prefix in ["[", "[1,10,13,11,12,", "[1,10,13,11,12,-1", "[-1,-10,-11,-12,-", "[0,", "[13,1"] {
+        compare(bounded, "{}", prefix);
+    }
     compare(r#"{}"#, "{}", r#"{"a":[1,{"b":"#);
     // Objects under `uniqueItems`: the tokens whose `}` would end a repeat are refused, those
     // that close a string first (`"}`) included.

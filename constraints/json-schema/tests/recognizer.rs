@@ -359,17 +359,62 @@ fn unique_items_over_open_integers_are_enforced() {
         compile(r#"{"type":"array","items":{"type":"array","items":{"type":"integer"},"uniqueItems":true}}"#);
     assert!(rec.matches(b"[[1,2],[1,2]]"));
     assert!(!rec.matches(b"[[1,2],[2,2]]"));
-    // Bounds that can leave a repeat no way on stay a warning: a maximum, a negative minimum
-    // (`-5`, then `-50` is out of range), a `multipleOf`.
+    // A `multipleOf` stays a warning, and so do more items required than the bounds hold.
     for schema in [
-        r#"{"type":"array","items":{"type":"integer","maximum":100},"uniqueItems":true}"#,
-        r#"{"type":"array","items":{"type":"integer","minimum":-5},"uniqueItems":true}"#,
         r#"{"type":"array","items":{"type":"integer","multipleOf":3},"uniqueItems":true}"#,
+        r#"{"type":"array","items":{"type":"integer","minimum":3,"maximum":4},"minItems":3,"uniqueItems":true}"#,
     ] {
-        let (rec, warnings) = compile(schema);
+        let (_, warnings) = compile(schema);
         assert_eq!(warnings.len(), 1, "{schema}: {warnings:?}");
-        assert!(rec.matches(b"[3,3]"), "{schema}");
     }
+}
+
+/// Bounded integers: a digit past which only written values are left is refused, and a `,`
+/// once every value within the bounds is written, so a writer is never left stuck.
+#[test]
+fn unique_items_over_bounded_integers_are_enforced() {
+    let schema = r#"{"type":"array","items":{"type":"integer","minimum":-12,"maximum":13},"uniqueItems":true}"#;
+    let (rec, warnings) = compile_recognizer("json-schema", schema, "{}").unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    for ok in ["[]", "[1,10,13,-1,-12,0]", "[-5,5]", "[13,1]"] {
+        assert!(rec.matches(ok.as_bytes()), "{ok}");
+    }
+    for bad in ["[1,1]", "[13,13]", "[-12,3,-12]", "[0,0]", "[14]", "[-13]"] {
+        assert!(!rec.matches(bad.as_bytes()), "{bad}");
+    }
+    let after = |text: &[u8]| {
+        let mut s = rec.start();
+        for &b in text {
+            s = rec.advance(&s, b).unwrap_or_else(|| panic!("{:?} is a prefix", String::from_utf8_lossy(text)));
+        }
+        s
+    };
+    // `1` can still become 11 or 12 after 1, 10 and 13: refused once those are written too.
+    let s = after(b"[1,10,13,");
+    assert!(rec.advance(&s, b'1').is_some());
+    let s = after(b"[1,10,13,11,12,");
+    assert!(rec.advance(&s, b'1').is_none() && rec.advance(&s, b'2').is_some());
+    // Negative prefixes likewise: `-1` covers -1, -10, -11, -12.
+    let s = after(b"[-1,-10,-11,-12,");
+    assert!(rec.advance(&s, b'-').is_some_and(|m| rec.advance(&m, b'1').is_none() && rec.advance(&m, b'9').is_some()));
+    // Every value of a small range written: no `,`, only the end.
+    let (rec, warnings) = compile_recognizer(
+        "json-schema",
+        r#"{"type":"array","items":{"type":"integer","minimum":1,"exclusiveMaximum":4},"uniqueItems":true}"#,
+        "{}",
+    )
+    .unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let mut s = rec.start();
+    for &b in b"[3,1,2" {
+        s = rec.advance(&s, b).unwrap();
+    }
+    assert!(rec.advance(&s, b',').is_none() && rec.advance(&s, b']').is_some());
+    let mut s = rec.start();
+    for &b in b"[3,1," {
+        s = rec.advance(&s, b).unwrap();
+    }
+    assert!(rec.advance(&s, b'1').is_none() && rec.advance(&s, b'3').is_none() && rec.advance(&s, b'2').is_some());
 }
 
 #[test]
