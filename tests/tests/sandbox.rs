@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dspark_host::plugin::{ErrorCode, PluginError, PluginInstance, PluginStatus};
+use dspark_host::plugin::{ErrorCode, MatcherHandle, PluginError, PluginInstance, PluginStatus};
 use dspark_host::tokenizer::CanonicalTokenizer;
 use dspark_tests::{ByteTokenizer, Fixture, builtin_plugin, test_plugin};
 
@@ -37,6 +37,14 @@ fn regex_still_serves(f: &Fixture, tok: &Arc<ByteTokenizer>) {
     let m = inst.new_matcher(&c).expect("matcher");
     let mask = inst.compute_mask(&m).expect("mask");
     assert!(mask.allows(b'a' as u32) && !mask.allows(b'b' as u32));
+}
+
+/// The trap message of the first mask of a testkit matcher of `kind`.
+fn mask_trap(f: &Fixture, tok: &Arc<ByteTokenizer>, kind: &str) -> String {
+    let mut inst = instance(f, "testkit", tok);
+    let c = inst.compile(kind, "", "{}").unwrap();
+    let m = inst.new_matcher(&c).unwrap();
+    trap_message(inst.compute_mask(&m).unwrap_err())
 }
 
 fn trap_message(e: PluginError) -> String {
@@ -71,10 +79,7 @@ fn a_plugin_that_sleeps_is_stopped_at_once_and_the_host_goes_on() {
     std::thread::spawn(move || {
         let f = fixture(100);
         let tok = ByteTokenizer::new(&[]);
-        let mut inst = instance(&f, "testkit", &tok);
-        let c = inst.compile("sleep-mask", "", "{}").unwrap();
-        let m = inst.new_matcher(&c).unwrap();
-        let msg = trap_message(inst.compute_mask(&m).unwrap_err());
+        let msg = mask_trap(&f, &tok, "sleep-mask");
         regex_still_serves(&f, &tok);
         let _ = tx.send(msg);
     });
@@ -96,35 +101,35 @@ impl CanonicalTokenizer for PausingTokenizer {
     }
 }
 
+/// A testkit matcher whose every mask waits `pause` in the host's tokenizer, under a mask
+/// limit of 20 ms.
+fn pausing_matcher(f: &Fixture, tok: &Arc<ByteTokenizer>, pause: Duration) -> (PluginInstance, MatcherHandle) {
+    let pausing: Arc<dyn CanonicalTokenizer> = Arc::new(PausingTokenizer { inner: tok.clone(), pause });
+    let mut inst = f.registry.get("testkit").expect("testkit loaded").instantiate(tok.table(), pausing).unwrap();
+    let c = inst.compile("tokenize-mask", "", "{}").unwrap();
+    let m = inst.new_matcher(&c).unwrap();
+    (inst, m)
+}
+
 #[test]
 fn a_call_is_judged_by_its_cpu_time_not_by_the_time_that_passed() {
     // A strike limit of 1: a single interruption would quarantine the plugin.
     let f = fixture_with_deadlines(1, Duration::from_millis(20), Duration::from_secs(10));
     let tok = ByteTokenizer::new(&[]);
-    let pausing: Arc<dyn CanonicalTokenizer> =
-        Arc::new(PausingTokenizer { inner: tok.clone(), pause: Duration::from_millis(80) });
-    let plugin = f.registry.get("testkit").expect("testkit loaded");
-    let mut inst = plugin.instantiate(tok.table(), pausing).expect("instantiates");
-    let c = inst.compile("tokenize-mask", "", "{}").unwrap();
-    let m = inst.new_matcher(&c).unwrap();
+    let (mut inst, m) = pausing_matcher(&f, &tok, Duration::from_millis(80));
     for _ in 0..3 {
         let started = std::time::Instant::now();
         inst.compute_mask(&m).expect("a call that waited 4 limits but computed little goes on");
         assert!(started.elapsed() >= Duration::from_millis(80));
     }
-    assert_eq!(plugin.status(), PluginStatus::Ready);
+    assert_eq!(f.registry.get("testkit").unwrap().status(), PluginStatus::Ready);
 }
 
 #[test]
 fn a_call_that_waits_past_the_backstop_is_stopped() {
     let f = fixture_with_deadlines(100, Duration::from_millis(20), Duration::from_secs(10));
     let tok = ByteTokenizer::new(&[]);
-    let pausing: Arc<dyn CanonicalTokenizer> =
-        Arc::new(PausingTokenizer { inner: tok.clone(), pause: Duration::from_millis(1500) });
-    let plugin = f.registry.get("testkit").expect("testkit loaded");
-    let mut inst = plugin.instantiate(tok.table(), pausing).expect("instantiates");
-    let c = inst.compile("tokenize-mask", "", "{}").unwrap();
-    let m = inst.new_matcher(&c).unwrap();
+    let (mut inst, m) = pausing_matcher(&f, &tok, Duration::from_millis(1500));
     let msg = trap_message(inst.compute_mask(&m).unwrap_err());
     assert_eq!(
         msg,
@@ -150,10 +155,7 @@ fn memory_bomb_is_stopped_by_the_store_limit() {
     // deadline fired first; with the generous default the memory limit is what stops it.
     let f = fixture(100);
     let tok = ByteTokenizer::new(&[]);
-    let mut inst = instance(&f, "testkit", &tok);
-    let c = inst.compile("membomb", "", "{}").unwrap();
-    let m = inst.new_matcher(&c).unwrap();
-    let msg = trap_message(inst.compute_mask(&m).unwrap_err());
+    let msg = mask_trap(&f, &tok, "membomb");
     assert!(msg.contains("memory"), "{msg}");
     regex_still_serves(&f, &tok);
 }
@@ -162,10 +164,7 @@ fn memory_bomb_is_stopped_by_the_store_limit() {
 fn panic_is_a_trap_with_the_panic_message() {
     let f = fixture(100);
     let tok = ByteTokenizer::new(&[]);
-    let mut inst = instance(&f, "testkit", &tok);
-    let c = inst.compile("panic", "", "{}").unwrap();
-    let m = inst.new_matcher(&c).unwrap();
-    let msg = trap_message(inst.compute_mask(&m).unwrap_err());
+    let msg = mask_trap(&f, &tok, "panic");
     assert!(msg.contains("panicked") && msg.contains("deliberate panic in compute-mask"), "{msg}");
     regex_still_serves(&f, &tok);
 }
