@@ -738,15 +738,18 @@ impl SchemaRecognizer {
             }
             Frame::Arr { node, phase, count, used, texts, start } => {
                 let Node::Array(a) = g.node(node) else { return };
-                // Under an exact `uniqueItems`, another item needs an unwritten literal.
-                let more = a.unique.is_none_or(|set| g.literals[set as usize].below[0] & !used != 0)
-                    && (!a.unique_ints || int_values_left(g, a.items, texts.as_ref().map_or(0, |t| t.len())));
+                // Under an exact `uniqueItems`, another item needs an unwritten literal, or an
+                // unwritten integer within the bounds (asked only at a `,`).
+                let more = || {
+                    a.unique.is_none_or(|set| g.literals[set as usize].below[0] & !used != 0)
+                        && (!a.unique_ints || int_values_left(g, a.items, texts.as_ref().map_or(0, |t| t.len())))
+                };
                 let indent = layout.indent.is_some();
                 match (phase, b) {
                     (ARR_OPEN, b']') if count >= a.min_items => out.push(stack),
                     (ARR_VALUE, b']') if !indent && count >= a.min_items => out.push(stack),
                     (ARR_CLOSE, b']') => out.push(stack),
-                    (ARR_VALUE, b',') if more && count < a.max_items && self.item_node(node, count).is_some() => {
+                    (ARR_VALUE, b',') if more() && count < a.max_items && self.item_node(node, count).is_some() => {
                         let d = container_depth(&stack) + 1;
                         stack.push(Frame::Arr { node, phase: ARR_COMMA, count, used, texts, start });
                         match layout.after_comma(d) {

@@ -20,9 +20,10 @@
 //!
 //! Options are the json-schema plugin's (`property_order`, `draft`) and apply to every tool's
 //! parameters; a tool with OpenAI's `function.strict: true` has its parameters compiled in that
-//! plugin's strict mode as well. The arguments are compiled by the json-schema compiler used as a library, so a
-//! tool's arguments are held to exactly what the json-schema plugin holds a document to, with
-//! its warnings (pointers prefixed with the tool's place in the source) and its errors.
+//! plugin's strict mode as well. The arguments are compiled by the json-schema compiler used as
+//! a library, so a tool's arguments are held to exactly what the json-schema plugin holds a
+//! document to, with its warnings (pointers prefixed with the tool's place in the source) and
+//! its errors.
 //!
 //! Data flow: [`ToolCallRecognizer`] is a byte recogniser that runs literal texts, a name
 //! chooser over the sorted tool names and, for the arguments, the chosen tool's
