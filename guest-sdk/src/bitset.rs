@@ -34,6 +34,19 @@ impl TokenSet {
         }
     }
 
+    /// Adds every token of `tokens`; ids outside the vocabulary are ignored.
+    #[inline]
+    pub fn insert_all(&mut self, tokens: &[u32]) {
+        let len = self.len;
+        for &t in tokens {
+            if (t as usize) < len
+                && let Some(word) = self.words.get_mut(t as usize / 32)
+            {
+                *word |= 1 << (t % 32);
+            }
+        }
+    }
+
     /// Removes `token`.
     #[inline]
     pub fn remove(&mut self, token: u32) {
@@ -171,6 +184,15 @@ mod tests {
         assert!(matches!(alt.to_mask(), Mask::Bitset(w) if w.len() == 32));
         alt.fill();
         assert_eq!(alt.to_mask(), Mask::All);
+    }
+
+    #[test]
+    fn insert_all_adds_the_ids_inside_the_vocabulary() {
+        let mut s = TokenSet::new(40);
+        s.insert_all(&[0, 31, 32, 39, 40, 63, 1000]);
+        let ids: Vec<u32> = (0..64).filter(|&i| s.contains(i)).collect();
+        assert_eq!(ids, vec![0, 31, 32, 39]);
+        assert_eq!(s.count(), 4, "no bit past the vocabulary is set");
     }
 
     #[test]

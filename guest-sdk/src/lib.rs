@@ -33,8 +33,8 @@ pub use api::{
 pub use bitset::TokenSet;
 pub use recognizer::{MAX_FORCED_BYTES, MaskCache, Recognizer, RecognizerConstraint, RecognizerMatcher};
 pub use table::{TokenTable, Tokenize, TokenizeFn};
-pub use trie::{BYTE_CLASSES, NON_ASCII_CLASSES, TokenTrie, UTF8_WHOLE, Utf8Step, byte_class, class_bytes};
-pub use walk::{ClassLoops, MAX_TABLE_STATES, StateTable, Steps};
+pub use trie::{BYTE_CLASSES, IdSteps, NON_ASCII_CLASSES, TokenTrie, UTF8_WHOLE, Utf8Step, byte_class, class_bytes};
+pub use walk::{ClassLoops, MAX_TABLE_STATES, StateTable, Steps, Transitions};
 
 /// Exports a [`Plugin`] type (which must implement `Default`) as the component's
 /// `dspark:constraint/constraint` interface. Expands to nothing when not building for wasm,

@@ -2,15 +2,19 @@
 //! tokens of a byte-level recogniser are found in one allocation-free pass that skips every
 //! subtree whose prefix the recogniser rejects.
 
+use crate::bitset::TokenSet;
+
 /// One trie node: the byte on the edge from its parent, its depth, where its subtree ends in
-/// preorder, and the ids of the tokens whose bytes end here.
+/// preorder, and where its tokens start in `node_tokens`. Tokens are listed in preorder too,
+/// so a node's own tokens end where the next node's start, and its whole subtree's end at
+/// `subtree_tokens_end` (kept here so that taking a subtree whole reads no other node).
 #[derive(Clone, Copy, Debug)]
 struct Node {
     byte: u8,
     depth: u16,
     subtree_end: u32,
     tokens_start: u32,
-    tokens_end: u32,
+    subtree_tokens_end: u32,
     /// The [`byte_class`]es of the edges below this node (its descendants' bytes), and
     /// [`UTF8_WHOLE`] when this node ends at a character boundary and every path below it is
     /// well-formed UTF-8 (possibly cut inside the last character).
@@ -102,6 +106,19 @@ pub fn class_bytes(class: u32) -> impl Iterator<Item = u8> {
     (0..=255u8).filter(move |&b| byte_class(b) == class)
 }
 
+/// Below this many nodes a subtree is cheaper to walk than to check whether a state loops
+/// over it.
+const MIN_SUBTREE: u32 = 4;
+
+/// What [`TokenTrie::walk_ids`] asks of a table of numbered states.
+pub trait IdSteps {
+    /// The state after `byte` from `state`, or `None` where the byte is rejected.
+    fn step(&mut self, state: u32, byte: u8) -> Option<u32>;
+    /// Whether `state` steps to itself on every byte of the [`byte_class`]es in `classes`
+    /// (with [`UTF8_WHOLE`]: also over every whole UTF-8 character).
+    fn loops_on(&mut self, state: u32, classes: u64) -> bool;
+}
+
 /// A byte trie over token strings in preorder (node 0 is the root, the empty prefix).
 #[derive(Clone, Debug)]
 pub struct TokenTrie {
@@ -119,7 +136,8 @@ impl TokenTrie {
             .filter(|(b, _)| !b.is_empty() && b.len() < u16::MAX as usize)
             .collect();
         order.sort_unstable();
-        let mut nodes = vec![Node { byte: 0, depth: 0, subtree_end: 0, tokens_start: 0, tokens_end: 0, below: 0 }];
+        let mut nodes =
+            vec![Node { byte: 0, depth: 0, subtree_end: 0, tokens_start: 0, subtree_tokens_end: 0, below: 0 }];
         let mut node_tokens = Vec::with_capacity(order.len());
         // `path[d]` is the node index at depth d on the current root-to-leaf path.
         let mut path: Vec<usize> = vec![0];
@@ -140,16 +158,14 @@ impl TokenTrie {
                     depth: path.len() as u16,
                     subtree_end: 0,
                     tokens_start: start,
-                    tokens_end: start,
+                    subtree_tokens_end: 0,
                     below: 0,
                 });
                 path.push(nodes.len() - 1);
                 path_bytes.push(b);
             }
             max_depth = max_depth.max(bytes.len());
-            let leaf = path[path.len() - 1];
             node_tokens.push(id);
-            nodes[leaf].tokens_end = node_tokens.len() as u32;
         }
         let end = nodes.len() as u32;
         for &open in &path {
@@ -182,7 +198,18 @@ impl TokenTrie {
                 n.below |= UTF8_WHOLE;
             }
         }
+        let total = node_tokens.len() as u32;
+        for i in 0..nodes.len() {
+            let end = nodes[i].subtree_end as usize;
+            nodes[i].subtree_tokens_end = nodes.get(end).map_or(total, |n| n.tokens_start);
+        }
         Self { nodes, node_tokens, max_depth }
+    }
+
+    /// Where node `i`'s own tokens end in `node_tokens`: where the next node's start.
+    #[inline]
+    fn tokens_end(&self, i: usize) -> u32 {
+        self.nodes.get(i + 1).map_or(self.node_tokens.len() as u32, |n| n.tokens_start)
     }
 
     /// The number of nodes, root included.
@@ -222,35 +249,59 @@ impl TokenTrie {
         mut loops_on: impl FnMut(&S, u64) -> bool,
         mut on_token: impl FnMut(u32),
     ) {
-        /// Below this many nodes a subtree is cheaper to walk than to check.
-        const MIN_SUBTREE: u32 = 4;
+        // `stack[d]` is the state after the first `d` bytes of the node being visited.
         stack.clear();
         stack.push(start.clone());
+        let nodes = &self.nodes[..];
+        let tokens = &self.node_tokens[..];
         let mut i = 1;
-        let n = self.nodes.len();
-        while i < n {
-            let node = self.nodes[i];
+        while let Some(node) = nodes.get(i) {
             let depth = node.depth as usize;
             match step(&stack[depth - 1], node.byte) {
                 Some(next) => {
                     if node.subtree_end - i as u32 > MIN_SUBTREE && loops_on(&next, node.below) {
-                        let end = node.subtree_end as usize;
-                        let last = if end < n { self.nodes[end].tokens_start } else { self.node_tokens.len() as u32 };
-                        for &t in &self.node_tokens[node.tokens_start as usize..last as usize] {
+                        for &t in &tokens[node.tokens_start as usize..node.subtree_tokens_end as usize] {
                             on_token(t);
                         }
-                        i = end;
+                        i = node.subtree_end as usize;
                         continue;
+                    }
+                    for &t in &tokens[node.tokens_start as usize..self.tokens_end(i) as usize] {
+                        on_token(t);
                     }
                     stack.truncate(depth);
                     stack.push(next);
-                    for &t in &self.node_tokens[node.tokens_start as usize..node.tokens_end as usize] {
-                        on_token(t);
-                    }
                     i += 1;
                 }
                 None => i = node.subtree_end as usize,
             }
+        }
+    }
+
+    /// [`Self::walk_looping`] for states that are numbers in a table (a lazily built DFA's),
+    /// inserting the tokens into `set`: the hot loop of a mask, kept free of clones, pushes
+    /// and per-token calls.
+    pub fn walk_ids(&self, start: u32, stack: &mut Vec<u32>, table: &mut impl IdSteps, set: &mut TokenSet) {
+        stack.clear();
+        stack.resize(self.max_depth + 1, start);
+        let nodes = &self.nodes[..];
+        let tokens = &self.node_tokens[..];
+        let mut i = 1;
+        while let Some(node) = nodes.get(i) {
+            let depth = node.depth as usize;
+            let Some(next) = table.step(stack[depth - 1], node.byte) else {
+                i = node.subtree_end as usize;
+                continue;
+            };
+            if node.subtree_end - i as u32 > MIN_SUBTREE && table.loops_on(next, node.below) {
+                set.insert_all(&tokens[node.tokens_start as usize..node.subtree_tokens_end as usize]);
+                i = node.subtree_end as usize;
+                continue;
+            }
+            let own_end = nodes.get(i + 1).map_or(tokens.len(), |n| n.tokens_start as usize);
+            set.insert_all(&tokens[node.tokens_start as usize..own_end]);
+            stack[depth] = next;
+            i += 1;
         }
     }
 
@@ -296,7 +347,7 @@ impl TokenTrie {
             let Some(c) = found else { break };
             node = c;
             let nd = self.nodes[c];
-            if nd.tokens_end > nd.tokens_start {
+            if self.tokens_end(c) > nd.tokens_start {
                 best = Some((self.node_tokens[nd.tokens_start as usize], k + 1));
             }
         }
@@ -354,6 +405,51 @@ mod tests {
         assert_eq!(plain, vec![0, 1, 2, 3, 6, 7, 10, 11]);
         assert_eq!(looping, plain);
         assert!(checks > 0);
+    }
+
+    /// A table over [`looping_walk_agrees_with_the_plain_walk`]'s states for `walk_ids`.
+    struct Letters {
+        checks: usize,
+    }
+
+    impl IdSteps for Letters {
+        fn step(&mut self, s: u32, b: u8) -> Option<u32> {
+            match (s, b) {
+                (0, b'a') => Some(1),
+                (1, b'b') => Some(2),
+                (2, b'a'..=b'z') => Some(2),
+                _ => None,
+            }
+        }
+        fn loops_on(&mut self, s: u32, classes: u64) -> bool {
+            self.checks += 1;
+            s == 2 && classes & !(1u64 << byte_class(b'a')) == 0
+        }
+    }
+
+    #[test]
+    fn id_walk_agrees_with_the_plain_walk() {
+        let tokens = ["abc", "abcd", "abcde", "abcdef", "ab(", "abz9", "a", "abcdefgh", "abc_d", "x", "ab", "abcdd"];
+        let t = trie(&tokens);
+        let mut plain = Vec::new();
+        t.walk(&0u32, &mut Vec::new(), |&s, b| Letters { checks: 0 }.step(s, b), |id| plain.push(id));
+        plain.sort();
+        let mut steps = Letters { checks: 0 };
+        let mut set = TokenSet::new(tokens.len());
+        t.walk_ids(0, &mut Vec::new(), &mut steps, &mut set);
+        let ids: Vec<u32> = (0..tokens.len() as u32).filter(|&i| set.contains(i)).collect();
+        assert_eq!(ids, plain);
+        assert_eq!(ids, vec![0, 1, 2, 3, 6, 7, 10, 11]);
+        assert!(steps.checks > 0, "the subtree below `ab` is large enough to be checked");
+        // Each node's own tokens, and a subtree's, end where the trie says: the ids of the
+        // subtree below `abc` (taken whole from state 2) are exactly the tokens that start
+        // with `abc` and stay in letters.
+        let mut set = TokenSet::new(tokens.len());
+        t.walk_ids(2, &mut Vec::new(), &mut Letters { checks: 0 }, &mut set);
+        let from_letters: Vec<u32> = (0..tokens.len() as u32).filter(|&i| set.contains(i)).collect();
+        let expected: Vec<u32> =
+            (0..tokens.len() as u32).filter(|&i| tokens[i as usize].bytes().all(|b| b.is_ascii_lowercase())).collect();
+        assert_eq!(from_letters, expected);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::bitset::TokenSet;
 use crate::key::KeyMap;
 use crate::recognizer::Recognizer;
 use crate::table::TokenTable;
-use crate::trie::{NON_ASCII_CLASSES, TokenTrie, UTF8_WHOLE, Utf8Step, class_bytes};
+use crate::trie::{IdSteps, NON_ASCII_CLASSES, TokenTrie, UTF8_WHOLE, Utf8Step, class_bytes};
 
 /// What a [`StateTable`] needs of a state machine over bytes: its steps and its state keys
 /// (equal keys, equal futures). Every [`Recognizer`] has it; a plugin can also implement it
@@ -71,8 +71,64 @@ impl ClassLoops {
     }
 }
 
-const UNKNOWN: u32 = u32::MAX;
+const UNKNOWN: u32 = Transitions::UNKNOWN;
 const DEAD: u32 = u32::MAX - 1;
+
+/// States per block of [`Transitions`] (64 KiB of transitions).
+const ROWS_PER_BLOCK: usize = 64;
+
+/// A lazily filled transition table over bytes: a row of 256 entries per state, every entry
+/// [`Transitions::UNKNOWN`] until set. Rows live in fixed blocks, so adding a state never
+/// moves the rows already there: a doubling `Vec` copied up to megabytes inside whichever
+/// mask happened to add the state that filled it.
+#[derive(Default)]
+pub struct Transitions {
+    blocks: Vec<Box<[u32]>>,
+    rows: usize,
+}
+
+impl Transitions {
+    /// The entry of a transition not computed yet.
+    pub const UNKNOWN: u32 = u32::MAX;
+
+    /// The number of rows.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    /// Whether the table has no row.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Adds a row of unknown transitions; returns its index.
+    pub fn push_row(&mut self) -> usize {
+        if self.rows == self.blocks.len() * ROWS_PER_BLOCK {
+            self.blocks.push(vec![Self::UNKNOWN; ROWS_PER_BLOCK * 256].into_boxed_slice());
+        }
+        self.rows += 1;
+        self.rows - 1
+    }
+
+    /// The entry for byte `b` in row `row`.
+    ///
+    /// # Panics
+    /// Where `row` is not a row of the table.
+    #[inline(always)]
+    pub fn get(&self, row: u32, b: u8) -> u32 {
+        let row = row as usize;
+        self.blocks[row / ROWS_PER_BLOCK][row % ROWS_PER_BLOCK * 256 + b as usize]
+    }
+
+    /// Sets the entry for byte `b` in row `row`.
+    ///
+    /// # Panics
+    /// Where `row` is not a row of the table.
+    pub fn set(&mut self, row: u32, b: u8, value: u32) {
+        let row = row as usize;
+        self.blocks[row / ROWS_PER_BLOCK][row % ROWS_PER_BLOCK * 256 + b as usize] = value;
+    }
+}
 
 /// The most states a table keeps (each with 1 KiB of transitions); past it the table starts
 /// afresh.
@@ -83,8 +139,8 @@ pub const MAX_TABLE_STATES: usize = 8192;
 pub struct StateTable<S> {
     states: Vec<S>,
     ids: KeyMap<u32>,
-    /// `states.len() * 256` transitions: a state id, [`DEAD`] or [`UNKNOWN`].
-    next: Vec<u32>,
+    /// A row per state: a state id, [`DEAD`] or [`UNKNOWN`] per byte.
+    next: Transitions,
     /// Per state: the byte classes it is known to loop on, or not.
     loops: Vec<ClassLoops>,
     /// Per state, once known: whether it steps back to itself over every multi-byte UTF-8
@@ -99,7 +155,7 @@ impl<S> Default for StateTable<S> {
         Self {
             states: Vec::new(),
             ids: KeyMap::default(),
-            next: Vec::new(),
+            next: Transitions::default(),
             loops: Vec::new(),
             utf8: Vec::new(),
             overflowed: false,
@@ -128,15 +184,7 @@ impl<S: Clone> StateTable<S> {
     pub fn fill_trie<R: Steps<State = S>>(&mut self, rec: &R, start: &S, trie: &TokenTrie, set: &mut TokenSet) {
         let first = self.intern(rec, start.clone());
         if first != DEAD {
-            let mut stack = Vec::new();
-            let cell = std::cell::RefCell::new(&mut *self);
-            trie.walk_looping(
-                &first,
-                &mut stack,
-                |&w, b| cell.borrow_mut().step(rec, w, b),
-                |&w, classes| cell.borrow_mut().loops_on(rec, w, classes),
-                |t| set.insert(t),
-            );
+            trie.walk_ids(first, &mut Vec::new(), &mut TableSteps { table: self, rec }, set);
         }
         if self.overflowed {
             // Too many states to tabulate: start afresh for later masks and walk this one
@@ -158,31 +206,38 @@ impl<S: Clone> StateTable<S> {
         }
         let id = self.states.len() as u32;
         self.states.push(state);
-        self.next.resize(self.next.len() + 256, UNKNOWN);
+        self.next.push_row();
         self.loops.push(ClassLoops::default());
         self.utf8.push(None);
         self.ids.insert(key, id);
         id
     }
 
-    /// The state after byte `b` from state `w`, or `None` where the byte is rejected.
-    #[inline]
+    /// The state after byte `b` from state `w`, or `None` where the byte is rejected: one
+    /// table lookup where the transition is known.
+    #[inline(always)]
     fn step<R: Steps<State = S>>(&mut self, rec: &R, w: u32, b: u8) -> Option<u32> {
+        match self.next.get(w, b) {
+            UNKNOWN => self.step_first(rec, w, b),
+            DEAD => None,
+            n => Some(n),
+        }
+    }
+
+    /// [`Self::step`] the first time a walk takes byte `b` from `w`.
+    #[inline(never)]
+    fn step_first<R: Steps<State = S>>(&mut self, rec: &R, w: u32, b: u8) -> Option<u32> {
         if self.overflowed {
             return None;
         }
-        let slot = w as usize * 256 + b as usize;
-        let mut n = self.next[slot];
-        if n == UNKNOWN {
-            n = match rec.step(&self.states[w as usize], b) {
-                Some(s) => self.intern(rec, s),
-                None => DEAD,
-            };
-            if self.overflowed {
-                return None;
-            }
-            self.next[slot] = n;
+        let n = match rec.step(&self.states[w as usize], b) {
+            Some(s) => self.intern(rec, s),
+            None => DEAD,
+        };
+        if self.overflowed {
+            return None;
         }
+        self.next.set(w, b, n);
         (n != DEAD).then_some(n)
     }
 
@@ -236,6 +291,23 @@ impl<S: Clone> StateTable<S> {
     }
 }
 
+/// A [`StateTable`] and its recogniser as the trie walk's [`IdSteps`].
+struct TableSteps<'a, S, R> {
+    table: &'a mut StateTable<S>,
+    rec: &'a R,
+}
+
+impl<S: Clone, R: Steps<State = S>> IdSteps for TableSteps<'_, S, R> {
+    #[inline(always)]
+    fn step(&mut self, state: u32, byte: u8) -> Option<u32> {
+        self.table.step(self.rec, state, byte)
+    }
+
+    fn loops_on(&mut self, state: u32, classes: u64) -> bool {
+        self.table.loops_on(self.rec, state, classes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +343,21 @@ mod tests {
         }
         fn state_key(&self, s: &u8) -> u64 {
             key::of(s)
+        }
+    }
+
+    #[test]
+    fn transitions_keep_their_rows_as_blocks_are_added() {
+        let mut t = Transitions::default();
+        assert!(t.is_empty());
+        for row in 0..3 * ROWS_PER_BLOCK as u32 + 5 {
+            assert_eq!(t.push_row(), row as usize);
+            t.set(row, (row % 256) as u8, row);
+        }
+        assert_eq!(t.len(), 3 * ROWS_PER_BLOCK + 5);
+        for row in 0..t.len() as u32 {
+            assert_eq!(t.get(row, (row % 256) as u8), row);
+            assert_eq!(t.get(row, (row % 256) as u8 ^ 1), Transitions::UNKNOWN);
         }
     }
 

@@ -22,7 +22,9 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use dspark_guest::key::KeyMap;
-use dspark_guest::{ClassLoops, NON_ASCII_CLASSES, Recognizer, TokenSet, TokenTable, UTF8_WHOLE, Utf8Step, key};
+use dspark_guest::{
+    ClassLoops, IdSteps, NON_ASCII_CLASSES, Recognizer, TokenSet, TokenTable, Transitions, UTF8_WHOLE, Utf8Step, key,
+};
 use regex_automata::dfa::Automaton;
 use regex_automata::util::primitives::StateID;
 
@@ -668,16 +670,9 @@ impl Recognizer for GrammarRecognizer {
         let mut walks = lock(&self.walk_table);
         let start = self.to_walk(state.clone(), &mut walks.shared);
         let first = walks.intern(start.clone());
-        let mut stack = Vec::new();
-        // Both closures step the one table; a cell lends it to each in turn.
-        let cell = std::cell::RefCell::new(&mut *walks);
-        table.trie().walk_looping(
-            &first,
-            &mut stack,
-            |&w, b| cell.borrow_mut().next(self, w, b),
-            |&w, classes| cell.borrow_mut().loops_on(self, w, classes),
-            |t| set.insert(t),
-        );
+        if first != DEAD {
+            table.trie().walk_ids(first, &mut Vec::new(), &mut WalkSteps { walks: &mut walks, rec: self }, set);
+        }
         if walks.overflowed {
             // Too many distinct walk states to tabulate: start the table afresh for later
             // masks, and walk this one stepping the states directly.
@@ -691,6 +686,23 @@ impl Recognizer for GrammarRecognizer {
     }
 }
 
+/// A [`WalkTable`] and its grammar as the trie walk's [`IdSteps`].
+struct WalkSteps<'a> {
+    walks: &'a mut WalkTable,
+    rec: &'a GrammarRecognizer,
+}
+
+impl IdSteps for WalkSteps<'_> {
+    #[inline(always)]
+    fn step(&mut self, w: u32, b: u8) -> Option<u32> {
+        self.walks.next(self.rec, w, b)
+    }
+
+    fn loops_on(&mut self, w: u32, classes: u64) -> bool {
+        self.walks.loops_on(self.rec, w, classes)
+    }
+}
+
 /// The walk states of the masks as a DFA built lazily: each distinct walk state gets an id
 /// and a row of 256 transitions, filled in the first time a trie walk takes that byte from
 /// it. Most trie nodes share a walk state and a byte with others (inside an identifier every
@@ -701,8 +713,8 @@ struct WalkTable {
     walks: Vec<Walk>,
     shared: SharedGroups,
     ids: KeyMap<Vec<u32>>,
-    /// `walks.len() * 256` transitions: a walk state id, [`DEAD`] or [`UNKNOWN`].
-    next: Vec<u32>,
+    /// A row per walk state: a walk state id, [`DEAD`] or [`UNKNOWN`] per byte.
+    next: Transitions,
     /// Per walk state: the byte classes it is known to loop on, or not.
     loops: Vec<ClassLoops>,
     /// Per walk state, once known: [`Self::loops_over_utf8`].
@@ -714,7 +726,7 @@ struct WalkTable {
     overflowed: bool,
 }
 
-const UNKNOWN: u32 = u32::MAX;
+const UNKNOWN: u32 = Transitions::UNKNOWN;
 const DEAD: u32 = u32::MAX - 1;
 /// The most walk states the table keeps (256 transitions of 4 bytes each: 8 MiB).
 const MAX_WALK_STATES: usize = 8192;
@@ -747,7 +759,7 @@ impl WalkTable {
         }
         let id = self.walks.len() as u32;
         self.walks.push(walk);
-        self.next.resize(self.next.len() + 256, UNKNOWN);
+        self.next.push_row();
         self.loops.push(ClassLoops::default());
         self.utf8_loops.push(None);
         self.ids.entry(key).or_default().push(id);
@@ -788,21 +800,28 @@ impl WalkTable {
         loops
     }
 
-    /// The walk state after byte `b` from state `w`, or `None` where the byte is rejected.
-    #[inline]
+    /// The walk state after byte `b` from state `w`, or `None` where the byte is rejected:
+    /// one table lookup where the transition is known.
+    #[inline(always)]
     fn next(&mut self, rec: &GrammarRecognizer, w: u32, b: u8) -> Option<u32> {
+        match self.next.get(w, b) {
+            UNKNOWN => self.next_first(rec, w, b),
+            DEAD => None,
+            n => Some(n),
+        }
+    }
+
+    /// [`Self::next`] the first time the walks take byte `b` from `w`.
+    #[inline(never)]
+    fn next_first(&mut self, rec: &GrammarRecognizer, w: u32, b: u8) -> Option<u32> {
         if self.overflowed {
             return None;
         }
-        let slot = w as usize * 256 + b as usize;
-        let mut n = self.next[slot];
-        if n == UNKNOWN {
-            n = match rec.walk_advance(&self.walks[w as usize], b, &mut self.shared) {
-                Some(walk) => self.intern(walk),
-                None => DEAD,
-            };
-            self.next[slot] = n;
-        }
+        let n = match rec.walk_advance(&self.walks[w as usize], b, &mut self.shared) {
+            Some(walk) => self.intern(walk),
+            None => DEAD,
+        };
+        self.next.set(w, b, n);
         (n != DEAD).then_some(n)
     }
 }
