@@ -243,7 +243,22 @@ const GONE: u32 = u32::MAX;
 #[derive(Clone, Debug)]
 enum Walk {
     Tokens { groups: GroupList, states: [u32; MAX_GROUPS] },
-    Full(State),
+    Full(Arc<FullWalk>),
+}
+
+/// A walk state that is not all inside tokens (a grammar's start, before anything is
+/// predicted), with its configurations expanded once for every byte that steps it: the
+/// first mask of a grammar takes all 256 bytes from it.
+#[derive(Debug)]
+struct FullWalk {
+    state: State,
+    frontier: OnceLock<Frontier>,
+}
+
+impl Walk {
+    fn full(state: State) -> Walk {
+        Walk::Full(Arc::new(FullWalk { state, frontier: OnceLock::new() }))
+    }
 }
 
 /// A compiled grammar as a [`Recognizer`].
@@ -458,13 +473,13 @@ impl GrammarRecognizer {
                 Frame::Tok { t, s } => (t, false, s),
                 Frame::Ignore { s } => match self.g.ignore {
                     Some(i) => (i, true, s),
-                    None => return Walk::Full(state),
+                    None => return Walk::full(state),
                 },
-                _ => return Walk::Full(state),
+                _ => return Walk::full(state),
             };
             match groups.iter().enumerate().position(|(i, g)| g.0 == t && g.1 == ignore && states[i] == s) {
                 Some(i) => groups[i].2.push(c.clone()),
-                None if groups.len() == MAX_GROUPS => return Walk::Full(state),
+                None if groups.len() == MAX_GROUPS => return Walk::full(state),
                 None => {
                     states[groups.len()] = s;
                     groups.push((t, ignore, vec![c.clone()]));
@@ -482,7 +497,13 @@ impl GrammarRecognizer {
     /// recogniser.
     fn walk_advance(&self, w: &Walk, b: u8, shared: &mut SharedGroups) -> Option<Walk> {
         let (groups, states) = match w {
-            Walk::Full(state) => return self.advance(state, b).map(|n| self.to_walk(n, shared)),
+            Walk::Full(full) => {
+                let frontier =
+                    full.frontier.get_or_init(|| self.frontier_of(full.state.configs.iter().map(|(_, c)| c.clone())));
+                let mut out = Vec::new();
+                self.scan_frontier(frontier, b, &mut out);
+                return self.finish(out).map(|n| self.to_walk(n, shared));
+            }
             Walk::Tokens { groups, states } => (groups, states),
         };
         let mut next = [GONE; MAX_GROUPS];
@@ -558,12 +579,15 @@ impl GrammarRecognizer {
 
     /// What follows group `g`'s token once it ends, expanded down to the next terminals.
     fn frontier<'g>(&self, g: &'g Group) -> &'g Frontier {
-        g.frontier.get_or_init(|| {
-            let configs = self.predict(g.configs.iter().filter_map(Config::pop));
-            let first: Vec<ByteSet> = configs.iter().map(|c| self.first_bytes(c)).collect();
-            let any = first.iter().fold([0u64; 4], |a, f| std::array::from_fn(|i| a[i] | f[i]));
-            Frontier { configs, first, any }
-        })
+        g.frontier.get_or_init(|| self.frontier_of(g.configs.iter().filter_map(Config::pop)))
+    }
+
+    /// `configs` expanded down to their next terminals, with the bytes each can take first.
+    fn frontier_of(&self, configs: impl Iterator<Item = Config>) -> Frontier {
+        let configs = self.predict(configs);
+        let first: Vec<ByteSet> = configs.iter().map(|c| self.first_bytes(c)).collect();
+        let any = first.iter().fold([0u64; 4], |a, f| std::array::from_fn(|i| a[i] | f[i]));
+        Frontier { configs, first, any }
     }
 
     /// [`Self::scan`] of byte `b` over a frontier, skipping the configurations that cannot
@@ -739,10 +763,10 @@ impl WalkTable {
             Walk::Tokens { groups, states } => {
                 states[..groups.len()].iter().fold(Arc::as_ptr(groups) as usize as u64, |h, &s| key::mix(h, s as u64))
             }
-            Walk::Full(state) => key::mix(state.fast_key(), 1),
+            Walk::Full(full) => key::mix(full.state.fast_key(), 1),
         };
         let same = |a: &Walk, b: &Walk| match (a, b) {
-            (Walk::Full(x), Walk::Full(y)) => x == y,
+            (Walk::Full(x), Walk::Full(y)) => x.state == y.state,
             (Walk::Tokens { groups: g, states: s }, Walk::Tokens { groups: h, states: t }) => {
                 Arc::ptr_eq(g, h) && s == t
             }
