@@ -12,10 +12,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use dspark_guest::{CompiledConstraint, Plugin, TokenTable, Tokenize};
+use dspark_guest::{CompiledConstraint, Plugin};
 use dspark_host::tokenizer::{CanonicalTokenizer, HfTokenizer};
 use dspark_plugin_grammar::GrammarPlugin;
-use dspark_tests::tokenizer_json;
+use dspark_tests::llama3_guest_table;
 
 /// The fixtures and their kinds, as `maskbench --plugin grammar` reads them.
 const FIXTURES: [(&str, &str); 7] = [
@@ -27,24 +27,6 @@ const FIXTURES: [(&str, &str); 7] = [
     ("gbnf", "csv3.gbnf"),
     ("lark", "lang.lark"),
 ];
-
-/// The Llama-3 vocabulary as the guest SDK's table, forced spans tokenised by the real
-/// tokenizer (as the host gives it to a plugin).
-fn llama3() -> (Arc<TokenTable>, Arc<HfTokenizer>) {
-    let tok = Arc::new(HfTokenizer::from_file(&tokenizer_json("llama3"), None).expect("load the Llama-3 tokenizer"));
-    let t = tok.table();
-    let mut bytes = Vec::new();
-    let mut offsets = vec![0u32];
-    for i in 0..t.vocab_size() as u32 {
-        bytes.extend_from_slice(t.token_bytes(i));
-        offsets.push(bytes.len() as u32);
-    }
-    let canonical = tok.clone();
-    let table = TokenTable::new(bytes, offsets, t.special_tokens(), t.eos_tokens())
-        .expect("a valid token table")
-        .with_tokenize(Tokenize::Custom(Arc::new(move |b: &[u8]| canonical.tokenize(b))));
-    (Arc::new(table), tok)
-}
 
 /// Walks `text`'s tokens through a new matcher of `c`, pushing each mask's time in µs;
 /// panics where the grammar refuses a token of a valid sample.
@@ -95,7 +77,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let rounds: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(3);
     let filter = args.get(1).cloned();
-    let (table, tok) = llama3();
+    let (table, tok) = llama3_guest_table();
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../constraints/grammar/tests/fixtures");
     let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).unwrap_or_else(|e| panic!("{name}: {e}"));
     let mut cold_medians = Vec::new();

@@ -51,6 +51,28 @@ pub fn tokenizer_json(name: &str) -> PathBuf {
     require(&format!("assets/tokenizers/{name}/tokenizer.json"), "scripts/fetch-assets.sh")
 }
 
+/// The Llama-3 vocabulary as the guest SDK's token table, the way the host hands it to a
+/// plugin (special tokens marked, forced spans tokenised by the real tokenizer), and the
+/// tokenizer itself: for native runs of the plugins' libraries.
+pub fn llama3_guest_table() -> (Arc<dspark_guest::TokenTable>, Arc<dspark_host::tokenizer::HfTokenizer>) {
+    let tok = Arc::new(
+        dspark_host::tokenizer::HfTokenizer::from_file(&tokenizer_json("llama3"), None)
+            .expect("load the Llama-3 tokenizer"),
+    );
+    let t = tok.table();
+    let mut bytes = Vec::new();
+    let mut offsets = vec![0u32];
+    for i in 0..t.vocab_size() as u32 {
+        bytes.extend_from_slice(t.token_bytes(i));
+        offsets.push(bytes.len() as u32);
+    }
+    let canonical = tok.clone();
+    let table = dspark_guest::TokenTable::new(bytes, offsets, t.special_tokens(), t.eos_tokens())
+        .expect("the Llama-3 vocabulary is a valid token table")
+        .with_tokenize(dspark_guest::Tokenize::Custom(Arc::new(move |b: &[u8]| canonical.tokenize(b))));
+    (Arc::new(table), tok)
+}
+
 /// Copies a plugin folder into `registry` (so a test may change or break it freely).
 pub fn install(plugin_dir: &Path, registry: &Path) -> PathBuf {
     let name = plugin_dir.file_name().expect("plugin folder has a name");

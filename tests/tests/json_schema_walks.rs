@@ -10,12 +10,11 @@
 //! --test json_schema_walks -- --nocapture`. `DSPARK_WALKS` sets the walks per schema.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use dspark_guest::{Matcher, Plugin, TokenSet, TokenTable, Tokenize};
-use dspark_host::tokenizer::{CanonicalTokenizer, HfTokenizer};
+use dspark_guest::{Matcher, Plugin, TokenSet, TokenTable};
+use dspark_host::tokenizer::CanonicalTokenizer;
 use dspark_plugin_json_schema::JsonSchemaPlugin;
-use dspark_tests::tokenizer_json;
+use dspark_tests::llama3_guest_table;
 use serde_json::Value;
 
 fn bench_files() -> Vec<PathBuf> {
@@ -36,25 +35,6 @@ fn bench_files() -> Vec<PathBuf> {
     }
     files.sort();
     files
-}
-
-/// The Llama-3 vocabulary as the guest SDK's table, tokenising forced spans with the real
-/// tokenizer.
-fn llama3() -> (Arc<TokenTable>, Arc<HfTokenizer>) {
-    let tok = Arc::new(HfTokenizer::from_file(&tokenizer_json("llama3"), None).unwrap());
-    let t = tok.table();
-    let tokens: Vec<Vec<u8>> = (0..t.vocab_size() as u32).map(|i| t.token_bytes(i).to_vec()).collect();
-    let mut bytes = Vec::new();
-    let mut offsets = vec![0u32];
-    for b in &tokens {
-        bytes.extend_from_slice(b);
-        offsets.push(bytes.len() as u32);
-    }
-    let canonical = tok.clone();
-    let table = TokenTable::new(bytes, offsets, t.special_tokens(), t.eos_tokens())
-        .unwrap()
-        .with_tokenize(Tokenize::Custom(Arc::new(move |b: &[u8]| canonical.tokenize(b))));
-    (Arc::new(table), tok)
 }
 
 /// A small deterministic generator (xorshift64*).
@@ -177,7 +157,7 @@ fn walk_inner(
 
 #[test]
 fn benchmark_instances_and_random_walks() {
-    let (table, tok) = llama3();
+    let (table, tok) = llama3_guest_table();
     let walks: usize = std::env::var("DSPARK_WALKS").ok().and_then(|w| w.parse().ok()).unwrap_or(3);
     let plugin = JsonSchemaPlugin;
     let (mut schemas, mut compiled, mut warned) = (0, 0, 0);
