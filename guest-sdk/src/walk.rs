@@ -74,22 +74,42 @@ impl ClassLoops {
 const UNKNOWN: u32 = Transitions::UNKNOWN;
 const DEAD: u32 = u32::MAX - 1;
 
-/// States per block of [`Transitions`] (64 KiB of transitions).
+/// States per block of [`Transitions`] (64 KiB of transitions at the full width of 256).
 const ROWS_PER_BLOCK: usize = 64;
 
-/// A lazily filled transition table over bytes: a row of 256 entries per state, every entry
+/// A lazily filled transition table: a row per state with an entry per byte (or per byte
+/// class, for a table made [`Transitions::with_width`] fewer columns), every entry
 /// [`Transitions::UNKNOWN`] until set. Rows live in fixed blocks, so adding a state never
 /// moves the rows already there: a doubling `Vec` copied up to megabytes inside whichever
 /// mask happened to add the state that filled it.
-#[derive(Default)]
 pub struct Transitions {
     blocks: Vec<Box<[u32]>>,
     rows: usize,
+    width: usize,
+}
+
+impl Default for Transitions {
+    /// A table with a column per byte.
+    fn default() -> Self {
+        Self::with_width(256)
+    }
 }
 
 impl Transitions {
     /// The entry of a transition not computed yet.
     pub const UNKNOWN: u32 = u32::MAX;
+
+    /// A table with `width` columns (at least 1, at most 256): for a machine whose bytes fall
+    /// into `width` classes that it treats alike, so that a row is that much smaller to
+    /// fill and to keep in cache.
+    pub fn with_width(width: usize) -> Self {
+        Self { blocks: Vec::new(), rows: 0, width: width.clamp(1, 256) }
+    }
+
+    /// The number of columns of a row.
+    pub fn width(&self) -> usize {
+        self.width
+    }
 
     /// The number of rows.
     pub fn len(&self) -> usize {
@@ -104,29 +124,31 @@ impl Transitions {
     /// Adds a row of unknown transitions; returns its index.
     pub fn push_row(&mut self) -> usize {
         if self.rows == self.blocks.len() * ROWS_PER_BLOCK {
-            self.blocks.push(vec![Self::UNKNOWN; ROWS_PER_BLOCK * 256].into_boxed_slice());
+            self.blocks.push(vec![Self::UNKNOWN; ROWS_PER_BLOCK * self.width].into_boxed_slice());
         }
         self.rows += 1;
         self.rows - 1
     }
 
-    /// The entry for byte `b` in row `row`.
+    /// The entry for column `col` (a byte, or a byte class) in row `row`.
     ///
     /// # Panics
-    /// Where `row` is not a row of the table.
+    /// Where `row` is not a row of the table or `col` not a column.
     #[inline(always)]
-    pub fn get(&self, row: u32, b: u8) -> u32 {
+    pub fn get(&self, row: u32, col: u8) -> u32 {
         let row = row as usize;
-        self.blocks[row / ROWS_PER_BLOCK][row % ROWS_PER_BLOCK * 256 + b as usize]
+        debug_assert!((col as usize) < self.width);
+        self.blocks[row / ROWS_PER_BLOCK][row % ROWS_PER_BLOCK * self.width + col as usize]
     }
 
-    /// Sets the entry for byte `b` in row `row`.
+    /// Sets the entry for column `col` in row `row`.
     ///
     /// # Panics
-    /// Where `row` is not a row of the table.
-    pub fn set(&mut self, row: u32, b: u8, value: u32) {
+    /// Where `row` is not a row of the table or `col` not a column.
+    pub fn set(&mut self, row: u32, col: u8, value: u32) {
         let row = row as usize;
-        self.blocks[row / ROWS_PER_BLOCK][row % ROWS_PER_BLOCK * 256 + b as usize] = value;
+        assert!((col as usize) < self.width, "column {col} of a table {} wide", self.width);
+        self.blocks[row / ROWS_PER_BLOCK][row % ROWS_PER_BLOCK * self.width + col as usize] = value;
     }
 }
 
@@ -359,6 +381,24 @@ mod tests {
             assert_eq!(t.get(row, (row % 256) as u8), row);
             assert_eq!(t.get(row, (row % 256) as u8 ^ 1), Transitions::UNKNOWN);
         }
+    }
+
+    #[test]
+    fn narrow_transitions_keep_one_entry_per_column() {
+        let mut t = Transitions::with_width(3);
+        assert_eq!(t.width(), 3);
+        for row in 0..ROWS_PER_BLOCK as u32 + 2 {
+            t.push_row();
+            t.set(row, (row % 3) as u8, row);
+        }
+        for row in 0..t.len() as u32 {
+            for col in 0..3u8 {
+                let want = if col as u32 == row % 3 { row } else { Transitions::UNKNOWN };
+                assert_eq!(t.get(row, col), want, "row {row} column {col}");
+            }
+        }
+        assert_eq!(Transitions::with_width(0).width(), 1);
+        assert_eq!(Transitions::with_width(999).width(), 256);
     }
 
     #[test]

@@ -252,3 +252,40 @@ fn an_empty_terminal_hands_the_byte_on() {
     assert!(slow.contains(b'x' as u32) && slow.contains(b'a' as u32));
     assert_eq!(fast.words(), slow.words());
 }
+
+/// Bytes of one class (the walk table keeps a transition per class) step every state of a
+/// sample's prefixes alike, and a grammar of keywords, names and punctuation has far fewer
+/// classes than bytes.
+#[test]
+fn bytes_of_one_class_step_alike() {
+    use dspark_guest::Recognizer;
+    for (kind, file, most) in
+        [("gbnf", "json.gbnf", 128), ("lark", "json.lark", 128), ("lark", "sql.lark", 128), ("lark", "lang.lark", 128)]
+    {
+        let rec = compile_recognizer(kind, &fixture(file)).unwrap();
+        let classes = rec.byte_classes();
+        eprintln!("{file}: {} byte classes", classes.count());
+        assert!(classes.count() <= most, "{file}: {} byte classes", classes.count());
+        // The first byte of each class stands for the class.
+        let mut first = vec![None; classes.count()];
+        for b in 0..=255u8 {
+            first[classes.class_of(b) as usize].get_or_insert(b);
+        }
+        let samples: serde_json::Value = serde_json::from_str(&fixture(&format!("{file}.samples.json"))).unwrap();
+        for text in samples["valid"].as_array().unwrap() {
+            let mut state = rec.start();
+            for &next in text.as_str().unwrap().as_bytes() {
+                for b in 0..=255u8 {
+                    let stand_in = first[classes.class_of(b) as usize].unwrap();
+                    let (a, c) = (rec.advance(&state, b), rec.advance(&state, stand_in));
+                    assert_eq!(
+                        a.map(|s| rec.state_key(&s)),
+                        c.map(|s| rec.state_key(&s)),
+                        "{file}: {text} bytes {b} and {stand_in}"
+                    );
+                }
+                state = rec.advance(&state, next).unwrap();
+            }
+        }
+    }
+}
