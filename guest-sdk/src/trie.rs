@@ -101,9 +101,29 @@ pub const fn byte_class(b: u8) -> u32 {
     }
 }
 
-/// The bytes of class `class` (see [`byte_class`]).
+/// The smallest and largest byte of each class (every class but the control characters is
+/// one range), so that [`class_bytes`] looks at a class's own bytes instead of all 256: the
+/// loop checks of a mask's walk list the bytes of thousands of classes.
+const CLASS_SPAN: [(u8, u8); BYTE_CLASSES as usize] = {
+    let mut span = [(u8::MAX, 0u8); BYTE_CLASSES as usize];
+    let mut b = 0usize;
+    while b < 256 {
+        let c = byte_class(b as u8) as usize;
+        if span[c].0 > b as u8 {
+            span[c].0 = b as u8;
+        }
+        if span[c].1 < b as u8 {
+            span[c].1 = b as u8;
+        }
+        b += 1;
+    }
+    span
+};
+
+/// The bytes of class `class` (see [`byte_class`]); none for a number that is not a class.
 pub fn class_bytes(class: u32) -> impl Iterator<Item = u8> {
-    (0..=255u8).filter(move |&b| byte_class(b) == class)
+    let (lo, hi) = CLASS_SPAN.get(class as usize).copied().unwrap_or((1, 0));
+    (lo..=hi).filter(move |&b| byte_class(b) == class)
 }
 
 /// Below this many nodes a subtree is cheaper to walk than to check whether a state loops
@@ -484,6 +504,14 @@ mod tests {
         }
         assert_eq!(byte_class(b'q'), byte_class(b'a'));
         assert_ne!(byte_class(b'_'), byte_class(b'-'));
+        // Each class lists exactly its own bytes, in order, and a number past the classes none.
+        for class in 0..BYTE_CLASSES {
+            let listed: Vec<u8> = class_bytes(class).collect();
+            let all: Vec<u8> = (0..=255u8).filter(|&b| byte_class(b) == class).collect();
+            assert_eq!(listed, all, "class {class}");
+        }
+        assert_eq!(class_bytes(BYTE_CLASSES).count(), 0);
+        assert_eq!(class_bytes(63).count(), 0);
     }
 
     #[test]

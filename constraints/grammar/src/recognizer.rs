@@ -160,7 +160,7 @@ struct Group {
     t: u32,
     ignore: bool,
     configs: Vec<Config>,
-    /// What a byte that ends the token leads to, by byte: a greedy token that ends hands the
+    /// What a byte that ends the token leads to, by byte class: a greedy token that ends hands the
     /// byte to its configurations' callers, whatever DFA state it ended in, so the answer is
     /// the same at every trie node where this group's token ends with that byte.
     after: Mutex<After>,
@@ -186,22 +186,58 @@ fn has_byte(set: &ByteSet, b: u8) -> bool {
     set[(b >> 6) as usize] >> (b & 63) & 1 == 1
 }
 
-/// What a byte that ends a group's token leads to, by byte.
+/// What a byte that ends a group's token leads to, by byte class. Empty (no allocation)
+/// until the first entry: most groups of a walk never end inside a token.
+#[derive(Default)]
 struct After {
-    /// Per byte: 0, or one more than the entry's index in `walks`.
-    slot: [u16; 256],
+    /// Per byte class: 0, or one more than the entry's index in `walks`.
+    slot: Vec<u16>,
     walks: Vec<Option<Walk>>,
 }
 
-impl Default for After {
-    fn default() -> Self {
-        Self { slot: [0; 256], walks: Vec::new() }
+impl After {
+    fn get(&self, class: u8) -> Option<&Option<Walk>> {
+        match self.slot.get(class as usize) {
+            Some(&i) if i > 0 => Some(&self.walks[i as usize - 1]),
+            _ => None,
+        }
+    }
+
+    fn insert(&mut self, class: u8, classes: usize, walk: Option<Walk>) {
+        if self.slot.is_empty() {
+            self.slot = vec![0; classes];
+        }
+        self.walks.push(walk);
+        self.slot[class as usize] = self.walks.len() as u16;
     }
 }
 
 impl std::fmt::Debug for After {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "After({} bytes)", self.walks.len())
+        write!(f, "After({} byte classes)", self.walks.len())
+    }
+}
+
+/// The entries of a hash map under one 64-bit hash: almost always one, kept inline so that
+/// a new hash costs no allocation.
+struct Bucket<T> {
+    first: T,
+    rest: Vec<T>,
+}
+
+impl<T> Bucket<T> {
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        std::iter::once(&self.first).chain(&self.rest)
+    }
+}
+
+/// Adds `value` under `hash`.
+fn add_to<T>(map: &mut KeyMap<Bucket<T>>, hash: u64, value: T) {
+    match map.entry(hash) {
+        std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().rest.push(value),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(Bucket { first: value, rest: Vec::new() });
+        }
     }
 }
 
@@ -210,9 +246,9 @@ impl std::fmt::Debug for After {
 #[derive(Default)]
 struct SharedGroups {
     /// Group lists by the hash of the state they came from.
-    lists: KeyMap<Vec<(State, GroupList, [u32; MAX_GROUPS])>>,
+    lists: KeyMap<Bucket<(State, GroupList, [u32; MAX_GROUPS])>>,
     /// Groups by the hash of their terminal and configurations.
-    groups: KeyMap<Vec<Arc<Group>>>,
+    groups: KeyMap<Bucket<Arc<Group>>>,
 }
 
 /// The token groups of a walk state.
@@ -222,12 +258,13 @@ impl SharedGroups {
     /// The group of `configs` inside terminal `t`, shared with every list that has it.
     fn group(&mut self, t: u32, ignore: bool, configs: Vec<Config>) -> Arc<Group> {
         let hash = configs.iter().fold(key::of(&(t, ignore)), |h, c| key::mix(h, c.hash64()));
-        let same = self.groups.entry(hash).or_default();
-        if let Some(g) = same.iter().find(|g| g.t == t && g.ignore == ignore && g.configs == configs) {
+        if let Some(same) = self.groups.get(&hash)
+            && let Some(g) = same.iter().find(|g| g.t == t && g.ignore == ignore && g.configs == configs)
+        {
             return g.clone();
         }
         let g = Arc::new(Group { t, ignore, configs, after: Mutex::default(), frontier: OnceLock::new() });
-        same.push(g.clone());
+        add_to(&mut self.groups, hash, g.clone());
         g
     }
 }
@@ -268,7 +305,7 @@ pub struct GrammarRecognizer {
     /// states were seen before walks the trie by table lookups alone.
     walk_table: Mutex<WalkTable>,
     /// [`Self::first_bytes`] by terminal and DFA state.
-    first_bytes: Mutex<HashMap<(u32, u32), ByteSet>>,
+    first_bytes: Mutex<KeyMap<ByteSet>>,
     /// The bytes every terminal treats alike.
     classes: ByteClasses,
 }
@@ -315,6 +352,13 @@ impl ByteClasses {
     pub fn class_of(&self, b: u8) -> u8 {
         self.of[b as usize]
     }
+}
+
+/// A map key for DFA state `s` of terminal `t`: one-to-one (the pair packed into 64 bits,
+/// then [`key::mix`], a bijection, spreads the bits the hash map indexes by), and quicker than
+/// hashing the pair with SipHash on every frontier computed.
+fn dfa_state_key(t: u32, s: u32) -> u64 {
+    key::mix(((t as u64) << 32) | s as u64, 0)
 }
 
 /// Locks `m`; a poisoned lock (a panic in an earlier call, which traps the whole instance in
@@ -449,8 +493,8 @@ impl GrammarRecognizer {
     /// after every multi-byte UTF-8 character and stays alive inside each (for plain-text
     /// grammars, where a token may end wherever it accepts, also without accepting there).
     /// A search over (DFA state, UTF-8 decoder state) pairs, memoised in `memo`.
-    fn dfa_loops_over_utf8(&self, t: u32, s: u32, memo: &mut HashMap<(u32, u32), bool>) -> bool {
-        if let Some(&known) = memo.get(&(t, s)) {
+    fn dfa_loops_over_utf8(&self, t: u32, s: u32, memo: &mut KeyMap<bool>) -> bool {
+        if let Some(&known) = memo.get(&dfa_state_key(t, s)) {
             return known;
         }
         let may_end = |q: u32| !self.g.greedy && self.dfa_accepts(t, q);
@@ -478,7 +522,7 @@ impl GrammarRecognizer {
                 }
             }
         }
-        memo.insert((t, s), loops);
+        memo.insert(dfa_state_key(t, s), loops);
         loops
     }
 
@@ -540,7 +584,7 @@ impl GrammarRecognizer {
         }
         let groups: GroupList =
             Arc::new(groups.into_iter().map(|(t, ignore, configs)| shared.group(t, ignore, configs)).collect());
-        shared.lists.entry(hash).or_default().push((state, groups.clone(), states));
+        add_to(&mut shared.lists, hash, (state, groups.clone(), states));
         Walk::Tokens { groups, states }
     }
 
@@ -590,19 +634,14 @@ impl GrammarRecognizer {
         // group died: the result depends on the group and the byte alone.
         if let (1, false, Some(i)) = (endings, alive, ending) {
             let g = &groups[i];
-            {
-                let after = lock(&g.after);
-                let slot = after.slot[b as usize];
-                if slot > 0 {
-                    return after.walks[slot as usize - 1].clone();
-                }
+            let class = self.classes.of[b as usize];
+            if let Some(known) = lock(&g.after).get(class) {
+                return known.clone();
             }
             let mut out = Vec::new();
             self.scan_frontier(self.frontier(g), b, &mut out);
             let w = self.finish(out).map(|n| self.to_walk(n, shared));
-            let mut after = lock(&g.after);
-            after.walks.push(w.clone());
-            after.slot[b as usize] = after.walks.len() as u16;
+            lock(&g.after).insert(class, self.classes.count, w.clone());
             return w;
         }
         // Tokens end here while others go on: each group either continues with the byte or
@@ -669,7 +708,7 @@ impl GrammarRecognizer {
             _ => return [u64::MAX; 4],
         };
         let mut cache = lock(&self.first_bytes);
-        *cache.entry((t, s)).or_insert_with(|| {
+        *cache.entry(dfa_state_key(t, s)).or_insert_with(|| {
             if self.dfa_accepts(t, s) {
                 return [u64::MAX; 4];
             }
@@ -787,7 +826,7 @@ impl IdSteps for WalkSteps<'_> {
 struct WalkTable {
     walks: Vec<Walk>,
     shared: SharedGroups,
-    ids: KeyMap<Vec<u32>>,
+    ids: KeyMap<Bucket<u32>>,
     /// A row per walk state: a walk state id, [`DEAD`] or [`UNKNOWN`] per byte class.
     next: Transitions,
     /// Per walk state: the byte classes it is known to loop on, or not.
@@ -795,7 +834,7 @@ struct WalkTable {
     /// Per walk state, once known: [`Self::loops_over_utf8`].
     utf8_loops: Vec<Option<bool>>,
     /// [`GrammarRecognizer::dfa_loops_over_utf8`] by terminal and DFA state.
-    utf8_by_dfa_state: HashMap<(u32, u32), bool>,
+    utf8_by_dfa_state: KeyMap<bool>,
     /// Set when the states outgrew [`MAX_WALK_STATES`]; the walk then rejects everything
     /// and the caller walks again without the table.
     overflowed: bool,
@@ -816,7 +855,7 @@ impl WalkTable {
             next: Transitions::with_width(classes.count),
             loops: Vec::new(),
             utf8_loops: Vec::new(),
-            utf8_by_dfa_state: HashMap::new(),
+            utf8_by_dfa_state: KeyMap::default(),
             overflowed: false,
         }
     }
@@ -851,7 +890,7 @@ impl WalkTable {
         self.next.push_row();
         self.loops.push(ClassLoops::default());
         self.utf8_loops.push(None);
-        self.ids.entry(key).or_default().push(id);
+        add_to(&mut self.ids, key, id);
         id
     }
 
