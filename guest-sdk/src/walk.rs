@@ -49,6 +49,13 @@ pub struct ClassLoops {
 }
 
 impl ClassLoops {
+    /// Whether one of `classes` is already known not to loop: the quick refusal a walk can
+    /// make inline before calling [`Self::check`].
+    #[inline(always)]
+    pub fn known_not_to_loop(&self, classes: u64) -> bool {
+        classes & self.known & !self.looping != 0
+    }
+
     /// Whether the state loops on every class in `classes`, asking `to_self(byte)` (does the
     /// byte step the state to itself?) for the classes not known yet and remembering the
     /// answers.

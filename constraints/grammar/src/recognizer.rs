@@ -813,7 +813,14 @@ impl IdSteps for WalkSteps<'_> {
         self.walks.next(self.rec, w, b)
     }
 
+    #[inline(always)]
     fn loops_on(&mut self, w: u32, classes: u64) -> bool {
+        // Most checks are of subtrees with a byte the state is known not to loop on: refused
+        // here, without a call.
+        let ascii = classes & !(NON_ASCII_CLASSES | UTF8_WHOLE);
+        if self.walks.loops[w as usize].known_not_to_loop(ascii) {
+            return false;
+        }
         self.walks.loops_on(self.rec, w, classes)
     }
 }
@@ -895,6 +902,7 @@ impl WalkTable {
     }
 
     /// Whether walk state `w` steps to itself on every byte of the byte classes `classes`.
+    #[inline(never)]
     fn loops_on(&mut self, rec: &GrammarRecognizer, w: u32, classes: u64) -> bool {
         if classes & NON_ASCII_CLASSES != 0 {
             // Bytes of several kinds inside characters: the subtree must be whole characters
