@@ -74,7 +74,7 @@ impl TokenTable {
             }
             special.insert(t);
         }
-        let trie = TokenTrie::build(vocab, |id| {
+        let trie = TokenTrie::build_indexed(vocab, |id| {
             let (s, e) = (offsets[id] as usize, offsets[id + 1] as usize);
             if special.contains(id as u32) { &[][..] } else { &bytes[s..e] }
         });
