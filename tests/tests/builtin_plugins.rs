@@ -96,6 +96,16 @@ fn choice_forces_the_unique_rest_as_the_tokenizers_own_tokens() {
     assert!(!walk(&mut s, "choice", source, "Lorem").0);
 }
 
+/// The smallest built-in plugin's memory (32 MiB) holds the largest vocabulary's token
+/// table, trie and trie index (Qwen2.5, 152k tokens), and masks come back through it.
+#[test]
+fn choice_fits_its_memory_with_the_largest_vocabulary() {
+    let mut s = setup("choice", "qwen2.5");
+    let (accepted, _) = walk(&mut s, "choice", r#"["the quick brown fox", "a lazy dog"]"#, "the quick brown fox");
+    assert!(accepted);
+    assert!(!walk(&mut s, "choice", r#"["the quick brown fox", "a lazy dog"]"#, "the slow").0);
+}
+
 #[test]
 fn plugin_error_values_reach_the_host_intact() {
     let mut s = setup("choice", "deepseek-v3");
