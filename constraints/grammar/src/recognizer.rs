@@ -17,7 +17,6 @@
 //! (a lexer's longest match, without its backtracking to an earlier, shorter match). GBNF text
 //! is plain context-free: a terminal may end wherever its DFA accepts.
 
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -331,14 +330,21 @@ impl ByteClasses {
         let mut count = 1;
         for terminal in &g.dfas {
             let theirs = terminal.dfa.byte_classes();
-            // Split each class by the DFA's classes: a (class, their class) pair per byte.
-            let mut renumber: HashMap<(u8, u8), u8> = HashMap::new();
+            // Split each class by the DFA's classes: a new number per (class, their class)
+            // pair met, in a table of all pairs (small: classes times their classes).
+            let width = theirs.alphabet_len();
+            let mut renumber = vec![u16::MAX; count * width];
+            let mut next = 0u16;
             for b in 0..=255u8 {
-                let next = renumber.len();
-                let id = *renumber.entry((of[b as usize], theirs.get(b))).or_insert(next as u8);
-                of[b as usize] = id;
+                let pair = of[b as usize] as usize * width + theirs.get(b) as usize;
+                if renumber[pair] == u16::MAX {
+                    renumber[pair] = next;
+                    next += 1;
+                }
+                // At most 256 pairs are met (one per byte), so the numbers fit a byte.
+                of[b as usize] = renumber[pair] as u8;
             }
-            count = renumber.len();
+            count = next as usize;
         }
         Self { of, count }
     }
