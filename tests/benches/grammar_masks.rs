@@ -10,12 +10,11 @@
 //! mask cache answers). FILTER keeps the fixtures whose file name contains it.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use dspark_guest::{CompiledConstraint, Plugin};
 use dspark_host::tokenizer::{CanonicalTokenizer, HfTokenizer};
 use dspark_plugin_grammar::GrammarPlugin;
-use dspark_tests::llama3_guest_table;
+use dspark_tests::{llama3_guest_table, walk_timing_masks};
 
 /// The fixtures and their kinds, as `maskbench --plugin grammar` reads them.
 const FIXTURES: [(&str, &str); 7] = [
@@ -28,34 +27,15 @@ const FIXTURES: [(&str, &str); 7] = [
     ("lark", "lang.lark"),
 ];
 
-/// Walks `text`'s tokens through a new matcher of `c`, pushing each mask's time in µs;
-/// panics where the grammar refuses a token of a valid sample.
+/// Walks `text`'s tokens, pushing each mask's time in µs; panics where the grammar refuses
+/// a token of a valid sample or the sample does not end accepting.
 fn walk(c: &Arc<dyn CompiledConstraint>, tok: &HfTokenizer, file: &str, text: &str, times: &mut Vec<f64>) {
     let tokens = tok.tokenize(text.as_bytes());
-    let mut m = c.new_matcher();
-    let mut i = 0;
-    let start = m.commit(&[]).expect("start");
-    if tokens.starts_with(&start.forced) {
-        i = start.forced.len();
-    } else {
-        m.rollback(start.forced.len() as u32).expect("rollback");
+    match walk_timing_masks(&**c, &tokens, |_, us| times.push(us)) {
+        Ok(true) => {}
+        Ok(false) => panic!("{file}: {text:?} does not end accepting"),
+        Err(i) => panic!("{file}: token {i} of {text:?} refused"),
     }
-    while i < tokens.len() {
-        let t0 = Instant::now();
-        let mask = m.compute_mask().expect("mask");
-        times.push(t0.elapsed().as_secs_f64() * 1e6);
-        assert!(mask.allows(tokens[i]), "{file}: token {i} of {text:?} refused");
-        let out = m.commit(&tokens[i..i + 1]).expect("commit");
-        i += 1;
-        if !out.forced.is_empty() {
-            if tokens.get(i..i + out.forced.len()) == Some(&out.forced[..]) {
-                i += out.forced.len();
-            } else {
-                m.rollback(out.forced.len() as u32).expect("rollback");
-            }
-        }
-    }
-    assert!(m.is_accepting(), "{file}: {text:?} does not end accepting");
 }
 
 /// `mean / p50 / p90 / p99 / max` of `times`.

@@ -2,18 +2,17 @@
 //! JSONSchemaBench-style files (`{schema, tests}`): where `dspark constraint maskbench`
 //! measures what a server sees, this one runs the same walks under a profiler with symbols.
 //!
-//! `cargo bench -p dspark-tests --bench json_masks -- [--options JSON] [--slowest N] FILE...`:
+//! `cargo bench -p dspark-tests --bench json_masks -- [--options JSON] [--slowest N] FILE...` (paths from `tests/`, where cargo runs benches):
 //! compiles each file's schema and walks each valid instance (serialised compactly) token by
 //! token, timing every mask and taking forced spans where they match; prints the mask-time
 //! summary and the slowest masks with the text before them.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use dspark_guest::{CompiledConstraint, Plugin, TokenTable};
 use dspark_host::tokenizer::{CanonicalTokenizer, HfTokenizer};
 use dspark_plugin_json_schema::JsonSchemaPlugin;
-use dspark_tests::llama3_guest_table;
+use dspark_tests::{llama3_guest_table, walk_timing_masks};
 
 /// One timed mask: µs, the file, and the instance text before it.
 struct Timed {
@@ -22,39 +21,15 @@ struct Timed {
     before: String,
 }
 
-/// Walks `tokens` through a new matcher of `c`, timing each mask; returns whether every token
-/// was allowed (the walk stops at the first one refused: a few valid instances are, as
-/// `maskbench` reports).
+/// Walks `tokens`, timing each mask; returns whether every token was allowed (the walk stops
+/// at the first one refused: a few valid instances are, as `maskbench` reports).
 fn walk(c: &Arc<dyn CompiledConstraint>, table: &TokenTable, file: &str, tokens: &[u32], out: &mut Vec<Timed>) -> bool {
-    let mut m = c.new_matcher();
-    let mut i = 0;
-    let start = m.commit(&[]).expect("start");
-    if tokens.starts_with(&start.forced) {
-        i = start.forced.len();
-    } else {
-        m.rollback(start.forced.len() as u32).expect("rollback");
-    }
-    while i < tokens.len() {
-        let t0 = Instant::now();
-        let mask = m.compute_mask().expect("mask");
-        let us = t0.elapsed().as_secs_f64() * 1e6;
+    let timed = |i: usize, us: f64| {
         let before: Vec<u8> =
             tokens[i.saturating_sub(12)..i].iter().flat_map(|&t| table.token_bytes(t).to_vec()).collect();
         out.push(Timed { us, file: file.to_string(), before: String::from_utf8_lossy(&before).into_owned() });
-        if !mask.allows(tokens[i]) {
-            return false;
-        }
-        let step = m.commit(&tokens[i..i + 1]).expect("commit");
-        i += 1;
-        if !step.forced.is_empty() {
-            if tokens.get(i..i + step.forced.len()) == Some(&step.forced[..]) {
-                i += step.forced.len();
-            } else {
-                m.rollback(step.forced.len() as u32).expect("rollback");
-            }
-        }
-    }
-    true
+    };
+    walk_timing_masks(&**c, tokens, timed).is_ok()
 }
 
 fn main() {

@@ -172,3 +172,41 @@ pub fn smollm2() -> PathBuf {
 pub fn qwen25() -> PathBuf {
     require("assets/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "scripts/fetch-assets.sh")
 }
+
+/// Walks `tokens` through a fresh matcher of `c` the way `maskbench` does: one timed mask
+/// per sampled token, forced spans taken where the tokens agree with them and rolled back
+/// where not. Calls `timed(i, µs)` with each mask's time before token `i`. Returns `Err(i)`
+/// where token `i` is refused, else whether the matcher ends accepting. For the native mask
+/// benchmarks.
+pub fn walk_timing_masks(
+    c: &dyn dspark_guest::CompiledConstraint,
+    tokens: &[u32],
+    mut timed: impl FnMut(usize, f64),
+) -> Result<bool, usize> {
+    let mut m = c.new_matcher();
+    let mut i = 0;
+    let start = m.commit(&[]).expect("start");
+    if tokens.starts_with(&start.forced) {
+        i = start.forced.len();
+    } else {
+        m.rollback(start.forced.len() as u32).expect("rollback");
+    }
+    while i < tokens.len() {
+        let t0 = std::time::Instant::now();
+        let mask = m.compute_mask().expect("mask");
+        timed(i, t0.elapsed().as_secs_f64() * 1e6);
+        if !mask.allows(tokens[i]) {
+            return Err(i);
+        }
+        let step = m.commit(&tokens[i..i + 1]).expect("commit");
+        i += 1;
+        if !step.forced.is_empty() {
+            if tokens.get(i..i + step.forced.len()) == Some(&step.forced[..]) {
+                i += step.forced.len();
+            } else {
+                m.rollback(step.forced.len() as u32).expect("rollback");
+            }
+        }
+    }
+    Ok(m.is_accepting())
+}
