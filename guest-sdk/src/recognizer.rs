@@ -68,6 +68,11 @@ pub trait Recognizer: Send + Sync + 'static {
 /// Forced spans longer than this many bytes are cut (the rest is forced at the next commit).
 pub const MAX_FORCED_BYTES: usize = 4096;
 
+/// The most continuations a forced span's tail is re-tokenised with to learn whether it
+/// merges with what follows (see [`RecognizerMatcher`]'s forced spans); past this (a span
+/// before free text, where nearly any token may follow) the tail is held back unasked.
+pub const MAX_MERGE_PROBES: usize = 32;
+
 /// One entry of a matcher's history: the state after a token, or the EOS that ended it.
 #[derive(Clone)]
 enum Step<S> {
@@ -254,11 +259,77 @@ impl<R: Recognizer> RecognizerMatcher<R> {
     }
 
     /// How many of `tokens` (the tokenization of the forced `bytes`, which end at state
-    /// `after`) the tokenizer would produce whatever follows: those before the earliest
-    /// token from which the rest of the bytes could merge with a byte the recogniser allows
-    /// next. Checked from each token boundary within the longest token's length of the end;
-    /// the last token also from inside it (see [`Self::may_merge`]).
+    /// `after`) the tokenizer would produce whatever follows.
+    ///
+    /// The vocabulary alone gives a safe answer ([`Self::certain_by_vocabulary`]): a token
+    /// is held back where some token could merge it with a byte the recogniser allows next.
+    /// That is often too careful, because the tokenizer's pre-tokenizer splits the text
+    /// before merging: Llama-3 has `:t`, yet `":` before `true` never becomes `":t`. So where
+    /// the vocabulary sees a merge, the tokenizer is asked: every token that could cross the
+    /// span's end (it extends a suffix of the bytes, and the recogniser accepts all of its
+    /// bytes past the end) gives one continuation, and the span keeps the tokens that the
+    /// tokenization of the bytes plus each continuation starts with. A merge needs a token
+    /// across the end, so these continuations are all the ways one can form. Where more than
+    /// [`MAX_MERGE_PROBES`] continuations exist (inside free text), the vocabulary's answer
+    /// stands.
     fn certain_tokens(&self, tokens: &[u32], bytes: &[u8], after: &R::State) -> usize {
+        let safe = self.certain_by_vocabulary(tokens, bytes, after);
+        if safe == tokens.len() {
+            return safe;
+        }
+        let Some(continuations) = self.merge_continuations(bytes, after) else { return safe };
+        let mut keep = tokens.len();
+        let mut probe = bytes.to_vec();
+        for ext in &continuations {
+            probe.truncate(bytes.len());
+            probe.extend_from_slice(ext);
+            let retokenized = self.table.tokenize(&probe);
+            keep = keep.min(tokens.iter().zip(&retokenized).take_while(|(a, b)| a == b).count());
+        }
+        keep
+    }
+
+    /// The continuations after `bytes` (ending at state `after`) that complete a token
+    /// across the end: for each suffix of the bytes within the longest token's length, the
+    /// rest of each longer token that starts with it, where the recogniser accepts that rest.
+    /// `None` when there are more than [`MAX_MERGE_PROBES`].
+    fn merge_continuations(&self, bytes: &[u8], after: &R::State) -> Option<Vec<Vec<u8>>> {
+        let trie = self.table.trie();
+        let from = bytes.len().saturating_sub(trie.max_token_len());
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        let mut stack = Vec::new();
+        let mut too_many = false;
+        for start in from..bytes.len() {
+            let suffix = &bytes[start..];
+            trie.walk_extensions(
+                suffix,
+                after,
+                &mut stack,
+                |s, b| self.rec.advance(s, b),
+                |t| {
+                    let ext = &self.table.token_bytes(t)[suffix.len()..];
+                    if !out.iter().any(|e| e.as_slice() == ext) {
+                        if out.len() == MAX_MERGE_PROBES {
+                            too_many = true;
+                            return false;
+                        }
+                        out.push(ext.to_vec());
+                    }
+                    true
+                },
+            );
+            if too_many {
+                return None;
+            }
+        }
+        Some(out)
+    }
+
+    /// [`Self::certain_tokens`] from the vocabulary alone: those before the earliest token
+    /// from which the rest of the bytes could merge with a byte the recogniser allows next.
+    /// Checked from each token boundary within the longest token's length of the end; the
+    /// last token also from inside it (see [`Self::may_merge`]).
+    fn certain_by_vocabulary(&self, tokens: &[u32], bytes: &[u8], after: &R::State) -> usize {
         let trie = self.table.trie();
         let reach = trie.max_token_len();
         let mut allowed: [Option<bool>; 256] = [None; 256];
@@ -440,6 +511,7 @@ impl<R: Recognizer> CompiledConstraint for RecognizerConstraint<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::table::Tokenize;
 
     /// Recognises exactly the strings of `words`; state = the prefix so far.
     struct Words(Vec<&'static str>);
@@ -495,6 +567,49 @@ mod tests {
         let c = RecognizerConstraint::new(Words(vec!["abcdex", "abcdey"]), &table, vec![]);
         let r = c.matcher().commit(&[]).unwrap();
         assert_eq!(r.forced, vec![256, 257, b'e' as u32]);
+    }
+
+    /// A table over `extra` tokenised by `tokenize` (given the table's greedy tokenizer).
+    fn table_with(extra: &[&str], tokenize: fn(&TokenTable, &[u8]) -> Vec<u32>) -> Arc<TokenTable> {
+        let greedy = Arc::new(TokenTable::byte_level_for_tests(extra));
+        let inner = greedy.clone();
+        Arc::new(
+            TokenTable::byte_level_for_tests(extra)
+                .with_tokenize(Tokenize::Custom(Arc::new(move |text| tokenize(&inner, text)))),
+        )
+    }
+
+    #[test]
+    fn a_tail_the_tokenizer_never_merges_is_forced_though_the_vocabulary_could() {
+        // `":` is forced, then `true` or `false`. The vocabulary has `:t`, so `:` could merge
+        // with the `t` that follows; a pre-tokenizer that splits punctuation from letters (as
+        // Llama-3's does) never lets it, and then `":` is certain.
+        let words = || Words(vec!["\":true", "\":false"]);
+        let vocab = ["\":", ":t", "true", "false"];
+        let pre_split = |t: &TokenTable, text: &[u8]| {
+            let cut = text.iter().position(|b| b.is_ascii_alphabetic()).unwrap_or(text.len());
+            let mut out = t.tokenize_greedy(&text[..cut]);
+            out.extend(t.tokenize_greedy(&text[cut..]));
+            out
+        };
+        let table = table_with(&vocab, pre_split);
+        let c = RecognizerConstraint::new(words(), &table, vec![]);
+        let quote_colon = 256;
+        assert_eq!(c.matcher().commit(&[]).unwrap().forced, vec![quote_colon]);
+        // A tokenizer that does merge `:t` (the first `:` followed by `t` becomes `:t`) keeps it
+        // back: it would write `"` `:t` `rue`.
+        let merging = |t: &TokenTable, text: &[u8]| match text.windows(2).position(|w| w == b":t") {
+            Some(at) => {
+                let mut out = t.tokenize_greedy(&text[..at]);
+                out.push(257);
+                out.extend(t.tokenize_greedy(&text[at + 2..]));
+                out
+            }
+            None => t.tokenize_greedy(text),
+        };
+        let table = table_with(&vocab, merging);
+        let c = RecognizerConstraint::new(words(), &table, vec![]);
+        assert_eq!(c.matcher().commit(&[]).unwrap().forced, Vec::<u32>::new());
     }
 
     #[test]

@@ -429,9 +429,48 @@ impl TokenTrie {
         }
     }
 
-    /// Calls `f` with each byte that continues `prefix` into a longer token (the edges below
-    /// `prefix`'s node); nothing when no token starts with `prefix`.
-    pub fn continuations(&self, prefix: &[u8], mut f: impl FnMut(u8)) {
+    /// Walks the tokens that extend `prefix` by at least one byte, stepping `step` from `start`
+    /// over the bytes after `prefix` (a rejected byte skips its subtree), and calls
+    /// `on_token` with each token reached; `on_token` returning `false` ends the walk. Nothing
+    /// when no token starts with `prefix`. This is how a forced span's tail finds the tokens
+    /// that could merge it with what follows.
+    pub fn walk_extensions<S: Clone>(
+        &self,
+        prefix: &[u8],
+        start: &S,
+        stack: &mut Vec<S>,
+        mut step: impl FnMut(&S, u8) -> Option<S>,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) {
+        let Some(root) = self.node_of(prefix) else { return };
+        let base = self.nodes[root].depth as usize;
+        let end = self.nodes[root].subtree_end as usize;
+        let tokens = &self.node_tokens[..];
+        // `stack[d]` is the state after the first `d` bytes past `prefix`.
+        stack.clear();
+        stack.push(start.clone());
+        let mut i = root + 1;
+        while i < end {
+            let node = &self.nodes[i];
+            let depth = node.depth as usize - base;
+            match step(&stack[depth - 1], node.byte) {
+                Some(next) => {
+                    for &t in &tokens[node.tokens_start as usize..self.tokens_end(i) as usize] {
+                        if !on_token(t) {
+                            return;
+                        }
+                    }
+                    stack.truncate(depth);
+                    stack.push(next);
+                    i += 1;
+                }
+                None => i = node.subtree_end as usize,
+            }
+        }
+    }
+
+    /// The node of `prefix`, or `None` when no token starts with it.
+    fn node_of(&self, prefix: &[u8]) -> Option<usize> {
         let mut node = 0usize;
         for &b in prefix {
             let end = self.nodes[node].subtree_end as usize;
@@ -440,10 +479,17 @@ impl TokenTrie {
                 child = self.nodes[child].subtree_end as usize;
             }
             if child >= end {
-                return;
+                return None;
             }
             node = child;
         }
+        Some(node)
+    }
+
+    /// Calls `f` with each byte that continues `prefix` into a longer token (the edges below
+    /// `prefix`'s node); nothing when no token starts with `prefix`.
+    pub fn continuations(&self, prefix: &[u8], mut f: impl FnMut(u8)) {
+        let Some(node) = self.node_of(prefix) else { return };
         let end = self.nodes[node].subtree_end as usize;
         let mut child = node + 1;
         while child < end {

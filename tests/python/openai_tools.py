@@ -72,10 +72,15 @@ def create(**kw):
     return client.chat.completions.create(model=MODEL, temperature=0, tools=TOOLS, **kw)
 
 
-# required: one or more calls, each valid; the answer ends with finish_reason tool_calls.
+# required: one or more calls, each valid. The answer ends with finish_reason tool_calls when
+# the model stops calling; Qwen2.5-0.5B, greedy, given its real `</tool_call>` token, goes on
+# calling tools to the token limit, and then the reason is length and every call listed is
+# whole. (The cases below where the constraint ends the answer check tool_calls exactly.)
 r = create(messages=WEATHER, tool_choice="required")
 choice = r.choices[0]
-assert choice.finish_reason == "tool_calls", choice
+assert choice.finish_reason in ("tool_calls", "length"), choice
+if choice.finish_reason == "length":
+    assert r.usage.completion_tokens == 160, r.usage
 calls = choice.message.tool_calls
 assert calls and all(c.type == "function" and c.id for c in calls), calls
 assert len({c.id for c in calls}) == len(calls), "tool call ids are unique"
@@ -120,10 +125,18 @@ for chunk in stream:
                 assert d.id is None and not d.function.name, d
                 calls[d.index]["arguments"] += d.function.arguments or ""
                 argument_deltas += 1
-assert finish == "tool_calls" and calls, (finish, calls)
-for c in calls.values():
+assert finish in ("tool_calls", "length") and calls, (finish, calls)
+# Cut at the token limit, the last call's arguments stop where the limit fell.
+whole = list(calls.values())[: len(calls) - (finish == "length")]
+assert whole, calls
+for c in whole:
     check_call(c["name"], c["arguments"])
 assert argument_deltas >= 2, f"the arguments arrived in {argument_deltas} pieces"
+
+# Streaming one call: the constraint ends the answer, and the last chunk says tool_calls.
+stream = create(messages=WEATHER, tool_choice="required", parallel_tool_calls=False, stream=True)
+finishes = [c.finish_reason for chunk in stream for c in chunk.choices if c.finish_reason]
+assert finishes == ["tool_calls"], finishes
 
 # A multi-turn conversation: the call and its result go back through the chat template.
 first = create(messages=[{"role": "user", "content": "What is the weather like in Paris?"}], tool_choice="required")

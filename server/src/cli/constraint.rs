@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
 use clap::Subcommand;
-use dspark_host::plugin::PluginError;
+use dspark_host::plugin::{MatcherHandle, PluginError, PluginInstance};
 use dspark_host::registry::{EntryState, Registry};
 use dspark_host::tokenizer::{CanonicalTokenizer, HfTokenizer};
 
@@ -156,8 +156,10 @@ pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
     let tokens = canonical.tokenize(text.as_bytes());
     let show = |t: u32| format!("{:?}", String::from_utf8_lossy(table.token_bytes(t)));
     println!("{} tokens, vocabulary {}", tokens.len(), table.vocab_size());
-    let mut i = 0;
-    let mut forced_total = 0;
+    // The span that is certain before anything is written (as the server forces it).
+    let start = instance.commit(&matcher, &[])?;
+    let mut i = meet_span(&mut instance, &matcher, &start.forced, &tokens, &show)?;
+    let mut forced_total = i;
     while i < tokens.len() {
         let t = tokens[i];
         let mask = instance.compute_mask(&matcher)?;
@@ -182,17 +184,9 @@ pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
         }
         i += 1;
         let outcome = committed?;
-        if !outcome.forced.is_empty() {
-            let span: Vec<String> = outcome.forced.iter().map(|&f| show(f)).collect();
-            if tokens.get(i..i + outcome.forced.len()) == Some(outcome.forced.as_slice()) {
-                println!("      forced span of {} tokens matches the text: {}", outcome.forced.len(), span.join(" "));
-                i += outcome.forced.len();
-                forced_total += outcome.forced.len();
-            } else {
-                println!("      forced span {} differs from the text's tokens here; rolled back", span.join(" "));
-                instance.rollback(&matcher, outcome.forced.len() as u32)?;
-            }
-        }
+        let met = meet_span(&mut instance, &matcher, &outcome.forced, &tokens[i..], &show)?;
+        i += met;
+        forced_total += met;
         if outcome.stop && i < tokens.len() {
             println!("result: the constraint stopped the output at token {i}, but the text goes on");
             return Ok(ExitCode::from(1));
@@ -206,5 +200,28 @@ pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
     } else {
         println!("result: not accepted (the text is an incomplete match)");
         Ok(ExitCode::from(1))
+    }
+}
+
+/// Meets a forced span with the text's next tokens: consumes it where they are the same
+/// (returning its length), else rolls it back (returning 0). Prints which.
+fn meet_span(
+    instance: &mut PluginInstance,
+    matcher: &MatcherHandle,
+    forced: &[u32],
+    next: &[u32],
+    show: &dyn Fn(u32) -> String,
+) -> anyhow::Result<usize> {
+    if forced.is_empty() {
+        return Ok(0);
+    }
+    let span: Vec<String> = forced.iter().map(|&f| show(f)).collect();
+    if next.starts_with(forced) {
+        println!("      forced span of {} tokens matches the text: {}", forced.len(), span.join(" "));
+        Ok(forced.len())
+    } else {
+        println!("      forced span {} differs from the text's tokens here; rolled back", span.join(" "));
+        instance.rollback(matcher, forced.len() as u32)?;
+        Ok(0)
     }
 }

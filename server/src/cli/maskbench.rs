@@ -70,6 +70,12 @@ struct Stats {
     /// than the canonical one), rolled back, and their tokens.
     rolled_back_spans: usize,
     rolled_back_tokens: usize,
+    /// Steps whose mask allowed exactly one token (decided by the constraint, yet sampled:
+    /// what longer forced spans could still take), and how often each such token came.
+    single_choice_steps: usize,
+    single_choice_tokens: BTreeMap<u32, usize>,
+    /// The vocabulary size, for counting a mask's tokens.
+    vocab: usize,
     /// The slowest masks: (µs, file, token index).
     slowest: Vec<(f64, String, usize)>,
     /// The slowest compiles: (ms, file).
@@ -190,6 +196,13 @@ fn walk(
         if !mask.allows(tokens[i]) {
             return Ok(Err(Refused(i)));
         }
+        if let Some(s) = stats.as_deref_mut()
+            && s.listed > 0
+            && mask.count(s.vocab) == 1
+        {
+            s.single_choice_steps += 1;
+            *s.single_choice_tokens.entry(tokens[i]).or_default() += 1;
+        }
         let out = match inst.commit(m, &tokens[i..i + 1]) {
             Ok(o) => o,
             Err(PluginError::Constraint { .. }) => return Ok(Err(Refused(i))),
@@ -307,7 +320,7 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         files.truncate(n);
     }
     // A file's mask time is closed when the next file begins, the last one's after the loop.
-    let mut s = Stats { listed: args.slowest, ..Stats::default() };
+    let mut s = Stats { listed: args.slowest, vocab: tok.table().vocab_size(), ..Stats::default() };
     for f in &files {
         let Some(case) = read_case(f, &args) else { continue };
         s.schemas += 1;
@@ -463,6 +476,16 @@ pub fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             s.accepted_tokens
         );
         println!("  rolled back      {} spans, {} tokens", s.rolled_back_spans, s.rolled_back_tokens);
+        println!(
+            "  one-token masks  {} ({:.1}% of tokens): sampled steps the constraint decided alone",
+            s.single_choice_steps,
+            pct(s.single_choice_steps, s.tokens)
+        );
+        let mut most: Vec<(usize, u32)> = s.single_choice_tokens.iter().map(|(&t, &n)| (n, t)).collect();
+        most.sort_by_key(|&(n, _)| std::cmp::Reverse(n));
+        for (n, t) in most.into_iter().take(s.listed) {
+            println!("    {n:>8}  {:?}", String::from_utf8_lossy(tok.table().token_bytes(t)));
+        }
         println!("wall s             {:.1}", wall.elapsed().as_secs_f64());
     }
     Ok(std::process::ExitCode::SUCCESS)
