@@ -35,6 +35,8 @@ pub struct TokenTable {
     tokenize: Tokenize,
     /// [`Self::by_char_count`], made on first use.
     by_chars: std::sync::OnceLock<Vec<(u32, u32)>>,
+    /// What the tokenizer said about forced-span tails ([`Self::merge_verdict`]).
+    merge_verdicts: std::sync::Mutex<std::collections::HashMap<u64, usize>>,
 }
 
 impl fmt::Debug for TokenTable {
@@ -86,6 +88,7 @@ impl TokenTable {
             trie,
             tokenize: Tokenize::Host,
             by_chars: std::sync::OnceLock::new(),
+            merge_verdicts: Default::default(),
         })
     }
 
@@ -116,6 +119,7 @@ impl TokenTable {
     /// Replaces the tokenisation used for forced spans.
     pub fn with_tokenize(mut self, tokenize: Tokenize) -> Self {
         self.tokenize = tokenize;
+        self.merge_verdicts = Default::default();
         self
     }
 
@@ -177,6 +181,23 @@ impl TokenTable {
             Tokenize::Host => crate::wasm::host_tokenize(text),
             _ => self.tokenize_greedy(text),
         }
+    }
+
+    /// What this table's tokenizer was found to do with a forced span's tail before a set of
+    /// continuations (the SDK's recogniser matcher asks it, keyed by a hash of both): how
+    /// many of the tail's tokens it keeps whichever follows. A cache for every constraint of
+    /// the vocabulary, since the answer depends on the tokenizer and those bytes only.
+    pub fn merge_verdict(&self, key: u64) -> Option<usize> {
+        self.merge_verdicts.lock().unwrap_or_else(|p| p.into_inner()).get(&key).copied()
+    }
+
+    /// Records a [`Self::merge_verdict`] (the cache is cleared past 65,536 entries).
+    pub fn remember_merge_verdict(&self, key: u64, kept: usize) {
+        let mut verdicts = self.merge_verdicts.lock().unwrap_or_else(|p| p.into_inner());
+        if verdicts.len() >= 1 << 16 {
+            verdicts.clear();
+        }
+        verdicts.insert(key, kept);
     }
 
     /// Longest-match tokenisation through the trie. Bytes that no token covers are skipped.
