@@ -164,6 +164,29 @@ impl ForwardBatch {
         }
     }
 
+    /// The rows `rows` of this batch as a batch of their own, in that order, each keeping
+    /// its sequence's position and block table (consecutive rows of one sequence stay one
+    /// sequence), all with logits wanted. The last layer of a decoder needs only the rows
+    /// whose logits are wanted once every row's keys and values are written. `None` when a
+    /// row is outside the batch.
+    pub fn select(&self, rows: &[usize]) -> Option<ForwardBatch> {
+        let mut out = ForwardBatch::default();
+        let mut last: Option<(usize, usize)> = None; // (sequence index, row) of the previous row
+        for (i, &row) in rows.iter().enumerate() {
+            let s = self.seqs.iter().position(|s| (s.start..s.start + s.len).contains(&row))?;
+            out.tokens.push(*self.tokens.get(row)?);
+            out.positions.push(*self.positions.get(row)?);
+            out.slots.push(*self.slots.get(row)?);
+            match (last, out.seqs.last_mut()) {
+                (Some((prev_seq, prev_row)), Some(seq)) if prev_seq == s && prev_row + 1 == row => seq.len += 1,
+                _ => out.seqs.push(BatchSeq { start: i, len: 1, block_table: self.seqs[s].block_table.clone() }),
+            }
+            out.logits_rows.push(i);
+            last = Some((s, row));
+        }
+        Some(out)
+    }
+
     /// Number of rows.
     pub fn len(&self) -> usize {
         self.tokens.len()
@@ -273,4 +296,35 @@ pub trait Backend: Send + Sync + 'static {
     fn select_rows(&self, x: &Self::Tensor, rows: &[usize]) -> anyhow::Result<Self::Tensor>;
     /// Copies a tensor to host memory, row-major.
     fn to_host(&self, x: &Self::Tensor) -> anyhow::Result<Vec<f32>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selected_rows_keep_their_positions_slots_and_sequences() {
+        let mut batch = ForwardBatch::default();
+        batch.push_sequence(&[10, 11, 12], 5, &[3, 4], 4, true); // positions 5..8, blocks 3, 4
+        batch.push_sequence(&[20], 0, &[7], 4, true);
+        batch.push_sequence(&[30, 31], 2, &[9], 4, false);
+        // Rows 1 and 2 of the first sequence, then the second sequence's row.
+        let picked = batch.select(&[1, 2, 3]).unwrap();
+        assert_eq!(picked.tokens, vec![11, 12, 20]);
+        assert_eq!(picked.positions, vec![6, 7, 0]);
+        assert_eq!(picked.slots, vec![4 * 4 + 2, 4 * 4 + 3, 7 * 4]);
+        assert_eq!(
+            picked.seqs,
+            vec![
+                BatchSeq { start: 0, len: 2, block_table: vec![3, 4] },
+                BatchSeq { start: 2, len: 1, block_table: vec![7] },
+            ]
+        );
+        assert_eq!(picked.logits_rows, vec![0, 1, 2]);
+        // Rows of one sequence that are not consecutive are sequences of their own.
+        let apart = batch.select(&[0, 2]).unwrap();
+        assert_eq!(apart.seqs.len(), 2);
+        assert!(batch.select(&[6]).is_none(), "row 6 is outside the batch");
+        assert!(batch.select(&[]).unwrap().is_empty());
+    }
 }

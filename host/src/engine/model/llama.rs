@@ -15,7 +15,10 @@
 //! ```
 //!
 //! and finally `logits = rms_norm(x) * output_norm @ Woutput^T`, only for the rows whose
-//! logits are wanted. `Woutput` is the embedding table when the file has no `output.weight`
+//! logits are wanted. The other rows of the last block only feed the cache (its `k`, `v`), so
+//! from its attention on the block runs for the wanted rows alone, as llama.cpp does: most
+//! of a last block's work for a fast-forward chunk or a prefill, whose last row alone is
+//! sampled. Every op is per row, so the wanted rows' values are the same either way. `Woutput` is the embedding table when the file has no `output.weight`
 //! (tied embeddings, as in SmolLM2).
 //!
 //! Tensor names follow GGUF: `token_embd`, `blk.N.{attn_norm, attn_q, attn_k, attn_v,
@@ -167,6 +170,11 @@ impl<B: Backend> Llama<B> {
         let c = &self.config;
         let heads = AttentionHeads { heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim };
         let mut x = b.embed(&self.embedding, &batch.tokens)?;
+        let wanted = if batch.logits_rows.len() < batch.len() {
+            Some(batch.select(&batch.logits_rows).context("a logits row is outside the batch")?)
+        } else {
+            None
+        };
         for (layer, block) in self.blocks.iter().enumerate() {
             let h = b.rms_norm(&x, &block.attn_norm, c.rms_eps)?;
             let [bq, bk, bv] = match &block.bias {
@@ -180,7 +188,17 @@ impl<B: Backend> Llama<B> {
             b.rope(&mut q, &batch.positions, &self.rope)?;
             b.rope(&mut k, &batch.positions, &self.rope)?;
             b.write_kv(cache, layer, &k, &v, &batch.slots)?;
-            let attended = b.attention(&q, cache, layer, batch, heads)?;
+            let (q, rows) = match &wanted {
+                Some(wanted) if layer + 1 == self.blocks.len() => {
+                    x = b.select_rows(&x, &batch.logits_rows)?;
+                    if wanted.is_empty() {
+                        break;
+                    }
+                    (b.select_rows(&q, &batch.logits_rows)?, wanted)
+                }
+                _ => (q, batch),
+            };
+            let attended = b.attention(&q, cache, layer, rows, heads)?;
             b.add_assign(&mut x, &b.linear(&attended, &block.wo, None)?)?;
 
             let h = b.rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
@@ -191,7 +209,7 @@ impl<B: Backend> Llama<B> {
             let gated = b.silu_mul(&gate, &up)?;
             b.add_assign(&mut x, &b.linear(&gated, &block.w_down, None)?)?;
         }
-        let last = b.select_rows(&x, &batch.logits_rows)?;
+        let last = if wanted.is_some() { x } else { b.select_rows(&x, &batch.logits_rows)? };
         b.rms_norm(&last, &self.output_norm, c.rms_eps)
     }
 }
