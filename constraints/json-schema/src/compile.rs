@@ -259,13 +259,15 @@ impl<'a> Compiler<'a> {
             self.nodes[id as usize] = Node::Union(vec![built]);
         }
         self.resolve_unique_arrays();
-        if !self.productive(root) {
+        let good = self.productive(root);
+        if !good[root as usize] {
             return Err(err(
                 ErrorCode::InvalidSource,
                 "",
                 "the schema admits no value (a circular `$ref` with no base case, or contradictory keywords)",
             ));
         }
+        self.prune_unproductive(&good);
         if strict && let Some(&first) = self.permissive.first() {
             let w = &self.warnings[first];
             return Err(ConstraintError::new(
@@ -509,8 +511,8 @@ impl<'a> Compiler<'a> {
         Ok(id)
     }
 
-    /// Whether `root` admits some value: a union is productive when one of its branches is.
-    fn productive(&self, root: NodeId) -> bool {
+    /// Which nodes admit some value: a union is productive when one of its branches is.
+    fn productive(&self, root: NodeId) -> Vec<bool> {
         let n = self.nodes.len();
         let mut good = vec![false; n];
         // Objects with a required property, and arrays with a required item, are as
@@ -549,7 +551,35 @@ impl<'a> Compiler<'a> {
                 break;
             }
         }
-        good[root as usize]
+        debug_assert!((root as usize) < n);
+        good
+    }
+
+    /// Cuts every way into a node that admits no value (`good` from [`Self::productive`]),
+    /// so the recogniser never offers a key, an item or a branch it could not finish: an
+    /// optional property whose schema is unsatisfiable (say an object that requires a key
+    /// its `additionalProperties: false` forbids) becomes a key that cannot be written, an
+    /// unsatisfiable item ends the array before it, an unsatisfiable branch is dropped.
+    /// Without this a generation could write `"instance":` and find no value to follow.
+    fn prune_unproductive(&mut self, good: &[bool]) {
+        let never = |id: NodeId| if good[id as usize] { id } else { NEVER };
+        for node in &mut self.nodes {
+            match node {
+                Node::Union(alts) => alts.iter_mut().for_each(|a| *a = never(*a)),
+                Node::Object(o) => {
+                    o.props.iter_mut().for_each(|p| p.node = never(p.node));
+                    o.additional = never(o.additional);
+                }
+                Node::Array(a) => {
+                    if let Some(i) = a.prefix.iter().position(|&p| !good[p as usize]) {
+                        a.max_items = a.max_items.min(i as u32);
+                    } else if !good[a.items as usize] {
+                        a.max_items = a.max_items.min(a.prefix.len() as u32);
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
     fn check_keywords(&mut self, map: &Map<String, Value>, ptr: &str) -> Result<(), ConstraintError> {

@@ -195,6 +195,49 @@ fn unsatisfiable_required_members_are_found_at_compile_time() {
     assert!(compile_recognizer("json-schema", arrays, "{}").is_ok(), "a huge minItems is productive (and fast)");
 }
 
+/// Whether some document under `rec` starts with `prefix` (the recogniser's promise: a state
+/// it returns can still reach an accepting one).
+fn prefix_alive(rec: &impl Recognizer, prefix: &str) -> bool {
+    let mut state = rec.start();
+    for &b in prefix.as_bytes() {
+        match rec.advance(&state, b) {
+            Some(next) => state = next,
+            None => return false,
+        }
+    }
+    true
+}
+
+/// An optional member whose schema admits nothing (JSONSchemaBench's libStorage schema: an
+/// `instance` object requires `id` and forbids every undeclared key) cannot be started, an
+/// item that admits nothing ends its array before it, and a branch that admits nothing is
+/// not taken: a generation never writes a key, a `,` or a value it cannot finish.
+#[test]
+fn members_items_and_branches_that_admit_nothing_cannot_be_started() {
+    let instance =
+        r#"{"type":"object","properties":{"name":{"type":"string"}},"required":["id"],"additionalProperties":false}"#;
+    for (closed, order) in [(true, "{}"), (true, r#"{"property_order":"any"}"#), (false, "{}")] {
+        let schema = format!(
+            r#"{{"type":"object","properties":{{"instance":{instance},"volume":{{"type":"integer"}}}},"additionalProperties":{}}}"#,
+            !closed
+        );
+        let (rec, _) = compile_recognizer("json-schema", &schema, order).unwrap();
+        // Closed, no key starts with `inst`; open, `"inst...` may be another key, but not
+        // `"instance"` itself.
+        let dead = if closed { r#"{"inst"# } else { r#"{"instance""# };
+        assert!(!prefix_alive(&rec, dead), "{schema} {order}: the key of a value that cannot exist");
+        assert!(prefix_alive(&rec, r#"{"volume":1"#) && rec.matches(br#"{"volume":1}"#), "{schema} {order}");
+        assert!(rec.matches(b"{}"), "{schema} {order}");
+    }
+    let items = format!(r#"{{"type":"array","prefixItems":[{{"type":"integer"}}],"items":{instance}}}"#);
+    let (rec, _) = compile_recognizer("json-schema", &items, "{}").unwrap();
+    assert!(rec.matches(b"[1]") && rec.matches(b"[]"));
+    assert!(!prefix_alive(&rec, "[1,"), "no item can follow the first");
+    let branches = format!(r#"{{"anyOf":[{instance},{{"type":"boolean"}}]}}"#);
+    let (rec, _) = compile_recognizer("json-schema", &branches, "{}").unwrap();
+    assert!(rec.matches(b"true") && !prefix_alive(&rec, "{"), "only the boolean branch is left");
+}
+
 /// `multipleOf: 1` on a number: a fraction may be written only as zeros (`5.0`), and no
 /// negative exponent, so that a walk cannot write a fraction no completion can cancel.
 #[test]
