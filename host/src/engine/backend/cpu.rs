@@ -6,11 +6,14 @@
 //! multiplied by candle's kernels (which quantise the activations to 8 bits per block and use
 //! AVX2 when the crate is built for x86-64-v3, see `.cargo/config.toml`). Norms, RoPE, the gated activation and residual adds
 //! are short loops over row-major f32 slices, parallel over rows for batches and chunks
-//! (`for_row_chunks`); paged attention is parallel over (row, head), with rayon.
+//! (`for_row_chunks`); paged attention is parallel over (row, head), with rayon. The cache
+//! keeps each block's keys dimension-major (per kv head `[dim][slot]`) so that the scores
+//! are computed a vector lane per key ([`super::key_scores`]); values stay row-major, as
+//! the weighted sum reads a key's whole head at once.
 //!
 //! Numerics: attention is computed for every row exactly as candle computes it for a single
 //! decoded token (its GEMM kernels' summation orders and softmax reduction on AVX2, see
-//! `horizontal_dot`, `lane_dot`, `lane_sum`). So a row's result does not depend on whether it
+//! [`key_scores::horizontal_dot`], [`key_scores::lane_dot`], `lane_sum`). So a row's result does not depend on whether it
 //! came in a prefill chunk, a fast-forward chunk or a decode step, and with an f32 cache the
 //! engine reproduces candle-transformers' quantised models bit for bit. That matters more
 //! than it seems: activations are re-quantised to 8 bits before every matrix product, so one
@@ -33,6 +36,7 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::expf;
+use super::key_scores::{self, KeyLanes};
 use super::packed::{self, Packed};
 use super::{AttentionHeads, Backend, ForwardBatch, KvDtype, KvShape, RopeLayout, RopeTable};
 
@@ -75,25 +79,15 @@ enum LayerKv {
 }
 
 /// An element type of the KV cache.
-trait KvElement: Copy + Send + Sync + simd::Load8 {
+trait KvElement: Copy + Send + Sync + simd::Load8 + key_scores::KeyElement {
+    const ZERO: Self;
     fn load(src: &[Self], dst: &mut [f32]);
     fn store(src: &[f32], dst: &mut [Self]);
-
-    /// `query . key` in the summation order of candle's kernel for one query row (see
-    /// [`horizontal_dot`] and [`lane_dot`]); `buffer` is scratch of the key's length.
-    fn dot(query: &[f32], key: &[Self], horizontal: bool, buffer: &mut [f32]) -> f32 {
-        if simd::AVAILABLE {
-            // SAFETY: the build enables AVX2, FMA and F16C (checked by `AVAILABLE`).
-            return unsafe { if horizontal { simd::horizontal_dot(query, key) } else { simd::lane_dot(query, key) } };
-        }
-        Self::load(key, buffer);
-        if horizontal { horizontal_dot(query, buffer) } else { lane_dot(query, buffer) }
-    }
 
     /// `out += weight * value`, one fused multiply-add per element.
     fn axpy(weight: f32, value: &[Self], out: &mut [f32], buffer: &mut [f32]) {
         if simd::AVAILABLE {
-            // SAFETY: as in `dot`.
+            // SAFETY: the build enables AVX2, FMA and F16C (checked by `AVAILABLE`).
             return unsafe { simd::axpy(weight, value, out) };
         }
         Self::load(value, buffer);
@@ -102,6 +96,7 @@ trait KvElement: Copy + Send + Sync + simd::Load8 {
 }
 
 impl KvElement for f16 {
+    const ZERO: f16 = f16::ZERO;
     fn load(src: &[f16], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
     }
@@ -111,6 +106,7 @@ impl KvElement for f16 {
 }
 
 impl KvElement for f32 {
+    const ZERO: f32 = 0.0;
     fn load(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
@@ -424,23 +420,36 @@ impl Backend for CpuBackend {
         if let Some(&slot) = slots.iter().find(|&&s| s as usize >= num_slots) {
             bail!("write_kv: slot {slot} is outside the cache ({num_slots} slots)");
         }
+        // Per (block, kv head), contiguous: keys dimension-major (see `key_scores`), values
+        // slot-major.
         fn write<T: KvElement>(
             keys: &mut [T],
             values: &mut [T],
             k: &CpuTensor,
             v: &CpuTensor,
             slots: &[u32],
-            width: usize,
+            shape: KvShape,
         ) {
+            let width = shape.kv_heads * shape.head_dim;
+            let block_size = shape.block_size;
+            let mut key = vec![T::ZERO; width];
             for (row, &slot) in slots.iter().enumerate() {
                 let slot = slot as usize;
-                T::store(k.row(row), &mut keys[slot * width..(slot + 1) * width]);
-                T::store(v.row(row), &mut values[slot * width..(slot + 1) * width]);
+                let (block, at) = (slot / block_size, slot % block_size);
+                T::store(k.row(row), &mut key);
+                for (e, &x) in key.iter().enumerate() {
+                    keys[(block * width + e) * block_size + at] = x;
+                }
+                T::store(v.row(row), &mut key);
+                for (head, x) in key.chunks_exact(shape.head_dim).enumerate() {
+                    let at = ((block * shape.kv_heads + head) * block_size + at) * shape.head_dim;
+                    values[at..at + shape.head_dim].copy_from_slice(x);
+                }
             }
         }
         match &mut cache.layers[layer] {
-            LayerKv::F16 { k: keys, v: values } => write(keys, values, k, v, slots, width),
-            LayerKv::F32 { k: keys, v: values } => write(keys, values, k, v, slots, width),
+            LayerKv::F16 { k: keys, v: values } => write(keys, values, k, v, slots, shape),
+            LayerKv::F32 { k: keys, v: values } => write(keys, values, k, v, slots, shape),
         }
         Ok(())
     }
@@ -474,7 +483,7 @@ impl Backend for CpuBackend {
                 bail!("attention: block {block} is outside the cache");
             }
         }
-        let geometry = Geometry { heads, block_size: shape.block_size };
+        let geometry = Geometry { heads, block_size: shape.block_size, lanes: KeyLanes::detect(shape.block_size) };
         let data = match &cache.layers[layer] {
             LayerKv::F16 { k, v } => attend(q, k, v, batch, &row_seq, geometry),
             LayerKv::F32 { k, v } => attend(q, k, v, batch, &row_seq, geometry),
@@ -521,6 +530,26 @@ fn for_row_chunks(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) +
 struct Geometry {
     heads: AttentionHeads,
     block_size: usize,
+    lanes: KeyLanes,
+}
+
+/// How many cache blocks ahead attention asks for keys and values.
+const PREFETCH_KV_BLOCKS: usize = 4;
+
+/// Asks the CPU to bring `data` into its caches (a hint; nothing on other targets).
+fn prefetch<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let bytes = std::mem::size_of_val(data);
+        let base = data.as_ptr().cast::<i8>();
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch of an address inside `data` (it never faults anyway).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(line)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
 }
 
 /// Causal attention of every (row, query head) over its sequence's cached positions:
@@ -533,62 +562,72 @@ fn attend<T: KvElement>(
     row_seq: &[usize],
     geometry: Geometry,
 ) -> Vec<f32> {
-    let Geometry { heads, block_size } = geometry;
+    let Geometry { heads, block_size, lanes } = geometry;
     let head_dim = heads.head_dim;
     let group = heads.heads / heads.kv_heads;
-    let kv_width = heads.kv_heads * head_dim;
     let scale = 1.0 / (head_dim as f32).sqrt();
+    // A work item is a row's whole group of query heads over one kv head, so each key and
+    // value is read from memory once for the group (and each value widened once); with too
+    // few items to keep the pool busy (a single decoded row), one head per item.
+    let per_item = if q.rows * heads.kv_heads >= 4 * rayon::current_num_threads() { group } else { 1 };
+    let items_per_row = heads.heads / per_item;
     let mut out = vec![0f32; q.rows * q.cols];
-    out.par_chunks_mut(head_dim).enumerate().for_each_init(
-        || (Vec::<f32>::new(), Vec::<usize>::new(), vec![0f32; head_dim]),
+    out.par_chunks_mut(head_dim * per_item).enumerate().for_each_init(
+        || (vec![Vec::<f32>::new(); per_item], Vec::<usize>::new(), vec![0f32; head_dim]),
         |(scores, offsets, buffer), (index, out)| {
-            let (row, head) = (index / heads.heads, index % heads.heads);
-            let kv_head = head / group;
+            let (row, first_head) = (index / items_per_row, (index % items_per_row) * per_item);
+            let kv_head = first_head / group;
             let seq = &batch.seqs[row_seq[row]];
             let keys_seen = batch.positions[row] as usize + 1;
-            let query = &q.data[row * q.cols + head * head_dim..][..head_dim];
-            // Where each cached position's key and value start, block by block (no division
-            // per key).
-            offsets.clear();
-            for (b, &block) in seq.block_table.iter().enumerate() {
-                let first = b * block_size;
-                if first >= keys_seen {
-                    break;
-                }
-                let base = block as usize * block_size;
-                offsets.extend(
-                    (base..base + block_size.min(keys_seen - first)).map(|slot| slot * kv_width + kv_head * head_dim),
-                );
-            }
-            debug_assert!(offsets.iter().all(|&o| o + head_dim <= keys.len()));
-            scores.clear();
+            let queries = &q.data[row * q.cols + first_head * head_dim..][..per_item * head_dim];
             // Every row is computed as if it were decoded alone: the same numbers whether it
             // comes in a prefill chunk, a fast-forward chunk or a decode step.
             let horizontal = keys_seen <= HORIZONTAL_MAX_KEYS;
-            let mut groups = offsets.chunks_exact(8);
-            for eight in &mut groups {
-                // SAFETY: the offsets lie in the cache (the block table was checked against it).
-                match unsafe { simd::scores8(query, keys, eight, horizontal) } {
-                    Some(dots) => scores.extend(dots.iter().map(|d| d * scale)),
-                    None => scores.extend(
-                        eight.iter().map(|&o| T::dot(query, &keys[o..][..head_dim], horizontal, buffer) * scale),
-                    ),
+            // Block by block: every head's scores from the key-major keys (each key vector
+            // loaded once for the group), and where each cached position's value starts.
+            scores.iter_mut().for_each(Vec::clear);
+            offsets.clear();
+            let blocks = keys_seen.div_ceil(block_size);
+            let per_block = head_dim * block_size;
+            let at = |block: u32| (block as usize * heads.kv_heads + kv_head) * per_block;
+            for (b, &block) in seq.block_table[..blocks].iter().enumerate() {
+                // The cache is far larger than the CPU's caches at serving contexts (16
+                // sequences of 1,024 tokens: 377 MB of SmolLM2 keys and values per step), so
+                // ask for the blocks a few ahead while this one is computed.
+                if let Some(&ahead) = seq.block_table[..blocks].get(b + PREFETCH_KV_BLOCKS) {
+                    prefetch(&keys[at(ahead)..][..per_block]);
+                    prefetch(&values[at(ahead)..][..per_block]);
+                }
+                let n = block_size.min(keys_seen - b * block_size);
+                let block_keys = &keys[at(block)..][..per_block];
+                key_scores::append_block_scores(
+                    lanes, queries, head_dim, block_keys, block_size, n, horizontal, scale, scores,
+                );
+                offsets.extend((0..n).map(|slot| at(block) + slot * head_dim));
+            }
+            for scores in scores.iter_mut() {
+                let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                for s in scores.iter_mut() {
+                    *s -= max;
+                }
+                expf::exp_in_place(scores);
+                let total = lane_sum(scores);
+                for s in scores.iter_mut() {
+                    *s /= total;
                 }
             }
-            for &o in groups.remainder() {
-                scores.push(T::dot(query, &keys[o..][..head_dim], horizontal, buffer) * scale);
+            // SAFETY: every offset starts a value of `head_dim` elements inside `values`;
+            // `weighted_sum_heads` checks the CPU's features and the sizes itself.
+            if lanes == KeyLanes::Avx512 && unsafe { simd::weighted_sum_heads(scores, offsets, values, out) } {
+                return;
             }
-            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            for s in scores.iter_mut() {
-                *s -= max;
-            }
-            expf::exp_in_place(scores);
-            let total = lane_sum(scores);
-            let weighted = scores.iter().zip(offsets.iter()).map(|(&w, &o)| (w / total, &values[o..][..head_dim]));
-            // SAFETY: `weighted_sum` checks the build's features and the head size itself.
-            if !unsafe { simd::weighted_sum(weighted.clone(), out) } {
-                for (weight, value) in weighted {
-                    T::axpy(weight, value, out, buffer);
+            for (scores, out) in scores.iter().zip(out.chunks_exact_mut(head_dim)) {
+                let weighted = scores.iter().zip(offsets.iter()).map(|(&w, &o)| (w, &values[o..][..head_dim]));
+                // SAFETY: `weighted_sum` checks the build's features and the head size itself.
+                if !unsafe { simd::weighted_sum(weighted.clone(), out) } {
+                    for (weight, value) in weighted {
+                        T::axpy(weight, value, out, buffer);
+                    }
                 }
             }
         },
@@ -623,6 +662,8 @@ fn lane_sum(xs: &[f32]) -> f32 {
 /// attention over long contexts dominated serving steps.
 mod simd {
     use half::f16;
+
+    use super::key_scores::KeyElement;
 
     /// Whether the build can run the vector versions (x86-64-v3, see `.cargo/config.toml`).
     pub const AVAILABLE: bool =
@@ -668,157 +709,6 @@ mod simd {
         use super::Load8;
         use std::arch::x86_64::*;
 
-        #[inline(always)]
-        unsafe fn lanes(v: __m256) -> [f32; 8] {
-            let mut out = [0f32; 8];
-            // SAFETY: 8 floats of room.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
-            out
-        }
-
-        /// [`super::super::horizontal_dot`].
-        pub unsafe fn horizontal_dot<T: Load8 + Copy>(a: &[f32], b: &[T]) -> f32 {
-            let k = a.len().min(b.len());
-            let full = k / 8 * 8;
-            // SAFETY: every load reads 8 elements below `full <= k`.
-            let mut acc = unsafe {
-                let mut acc = _mm256_setzero_ps();
-                let mut at = 0;
-                while at < full {
-                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(at)), T::load8(b.as_ptr().add(at)), acc);
-                    at += 8;
-                }
-                lanes(acc)
-            };
-            for at in full..k {
-                acc[at % 8] = a[at].mul_add(b[at].to_f32(), acc[at % 8]);
-            }
-            let x: [f32; 4] = std::array::from_fn(|l| acc[l] + acc[l + 4]);
-            (x[0] + x[2]) + (x[1] + x[3])
-        }
-
-        /// [`super::super::lane_dot`].
-        pub unsafe fn lane_dot<T: Load8 + Copy>(a: &[f32], b: &[T]) -> f32 {
-            let k = a.len().min(b.len());
-            // SAFETY: `lane_partials` reads below `k` in both.
-            let (v, depth) = unsafe { lane_partials(a, b.as_ptr(), k) };
-            // SAFETY: 8 floats of room.
-            let lanes8 = unsafe { lanes(v) };
-            let mut sum = lanes8[0];
-            for v in &lanes8[1..] {
-                sum += *v;
-            }
-            for at in depth..k {
-                sum = a[at].mul_add(b[at].to_f32(), sum);
-            }
-            sum
-        }
-
-        /// The 8-lane partial sums of `a . b` over the first `k` elements in the order of the
-        /// reference's matrix-vector kernel: eight fused accumulators over blocks of 64,
-        /// reduced pairwise, then 8-lane blocks; and how far that got (the rest, `k % 8`
-        /// elements, is the caller's tail).
-        ///
-        /// # Safety
-        /// `a` and `b` have `k` readable elements.
-        #[inline(always)]
-        unsafe fn lane_partials<T: Load8>(a: &[f32], b: *const T, k: usize) -> (__m256, usize) {
-            let mut depth = 0;
-            // SAFETY: every load reads 8 elements below `k`.
-            unsafe {
-                let mut acc = [_mm256_setzero_ps(); 8];
-                while depth + 64 <= k {
-                    for (i, v) in acc.iter_mut().enumerate() {
-                        let at = depth + 8 * i;
-                        *v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(at)), T::load8(b.add(at)), *v);
-                    }
-                    depth += 64;
-                }
-                let pair = |x: usize, y: usize| _mm256_add_ps(acc[x], acc[y]);
-                let mut v = _mm256_add_ps(_mm256_add_ps(pair(0, 1), pair(2, 3)), _mm256_add_ps(pair(4, 5), pair(6, 7)));
-                while depth + 8 <= k {
-                    v = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(depth)), T::load8(b.add(depth)), v);
-                    depth += 8;
-                }
-                (v, depth)
-            }
-        }
-
-        /// `r` transposed: lane `k` of row `l` of the result is lane `l` of `r[k]`.
-        #[inline(always)]
-        unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-            // SAFETY: register shuffles only; the callers run with AVX.
-            unsafe {
-                let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-                let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-                let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-                let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-                let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-                let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-                let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-                let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-                let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-                let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-                let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-                let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-                let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-                let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-                let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-                let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-                [
-                    _mm256_permute2f128_ps::<0x20>(s0, s4),
-                    _mm256_permute2f128_ps::<0x20>(s1, s5),
-                    _mm256_permute2f128_ps::<0x20>(s2, s6),
-                    _mm256_permute2f128_ps::<0x20>(s3, s7),
-                    _mm256_permute2f128_ps::<0x31>(s0, s4),
-                    _mm256_permute2f128_ps::<0x31>(s1, s5),
-                    _mm256_permute2f128_ps::<0x31>(s2, s6),
-                    _mm256_permute2f128_ps::<0x31>(s3, s7),
-                ]
-            }
-        }
-
-        /// [`horizontal_dot`] or [`lane_dot`] of `a` with the eight keys at `offsets` in
-        /// `keys`, bit for bit, eight keys at a time: the per-key accumulators are
-        /// independent chains, and the final reductions run across keys after a transpose
-        /// (lane `k` of every step is key `k`'s scalar step).
-        ///
-        /// # Safety
-        /// `a.len()` is a multiple of 8; every key `keys[o..o + a.len()]` is in bounds.
-        pub unsafe fn scores8<T: Load8 + Copy>(a: &[f32], keys: &[T], offsets: &[usize], horizontal: bool) -> [f32; 8] {
-            let k = a.len();
-            // SAFETY: the caller's promise: every load reads 8 elements inside `a` or a key.
-            unsafe {
-                let key = |i: usize| keys.as_ptr().add(offsets[i]);
-                let reduced = if horizontal {
-                    let mut acc = [_mm256_setzero_ps(); 8];
-                    let mut at = 0;
-                    while at < k {
-                        let q = _mm256_loadu_ps(a.as_ptr().add(at));
-                        for (i, v) in acc.iter_mut().enumerate() {
-                            *v = _mm256_fmadd_ps(q, T::load8(key(i).add(at)), *v);
-                        }
-                        at += 8;
-                    }
-                    // Per key: x_l = l_l + l_{l+4}, then (x_0 + x_2) + (x_1 + x_3).
-                    let t = transpose8(acc);
-                    let x: [__m256; 4] = std::array::from_fn(|l| _mm256_add_ps(t[l], t[l + 4]));
-                    _mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3]))
-                } else {
-                    // `k` is a multiple of 8: the partial sums cover every element.
-                    let per_key: [__m256; 8] = std::array::from_fn(|i| lane_partials(a, key(i), k).0);
-                    // Per key: the lanes summed in order.
-                    let t = transpose8(per_key);
-                    let mut sum = t[0];
-                    for lane in &t[1..] {
-                        sum = _mm256_add_ps(sum, *lane);
-                    }
-                    sum
-                };
-                lanes(reduced)
-            }
-        }
-
         /// `out += sum weight * value` over `N` vectors of 8, `out` in registers.
         #[inline(always)]
         pub unsafe fn weighted_sum<'a, T: Load8 + Copy + 'a, const N: usize>(
@@ -861,40 +751,7 @@ mod simd {
     }
 
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
-    pub use x86::{axpy, horizontal_dot, lane_dot};
-
-    /// The dot products of `a` with the eight keys at `offsets` in `keys`, each exactly as
-    /// [`horizontal_dot`] (or [`lane_dot`]) computes it alone; `None` where the build or the
-    /// head size (a multiple of 8) does not suit the vector kernel.
-    ///
-    /// # Safety
-    /// Every key `keys[o..o + a.len()]` is in bounds and `offsets` has 8 entries.
-    #[inline]
-    pub unsafe fn scores8<T: Load8 + Copy>(
-        a: &[f32],
-        keys: &[T],
-        offsets: &[usize],
-        horizontal: bool,
-    ) -> Option<[f32; 8]> {
-        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c"))]
-        {
-            if !a.len().is_multiple_of(8) || offsets.len() != 8 {
-                return None;
-            }
-            // SAFETY: checked above and the caller's promise.
-            Some(unsafe { x86::scores8(a, keys, offsets, horizontal) })
-        }
-        #[cfg(not(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma",
-            target_feature = "f16c"
-        )))]
-        {
-            let _ = (a, keys, offsets, horizontal);
-            None
-        }
-    }
+    pub use x86::axpy;
 
     /// `out += sum_j weight_j * value_j`, in key order per element (the same fused
     /// multiply-adds as [`axpy`] key by key), with `out` held in registers across the keys.
@@ -933,15 +790,91 @@ mod simd {
         }
     }
 
+    /// `out[h] += sum_j weights[h][j] * values[offsets[j]..]` for every head `h` of a group
+    /// (`out` holds the heads one after the other), each element in key order with one fused
+    /// multiply-add per key, as [`weighted_sum`] computes each head alone; but each value is
+    /// loaded and widened once for up to four heads, in 16-lane vectors. Returns false,
+    /// doing nothing, where the CPU lacks AVX-512 F or the head size is not 64 or 128.
+    ///
+    /// # Safety
+    /// Every `offsets[j] + out.len() / weights.len()` is within `values`; every
+    /// `weights[h]` has `offsets.len()` entries.
+    pub unsafe fn weighted_sum_heads<T: KeyElement>(
+        weights: &[Vec<f32>],
+        offsets: &[usize],
+        values: &[T],
+        out: &mut [f32],
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !std::arch::is_x86_feature_detected!("avx512f") || weights.is_empty() {
+                return false;
+            }
+            let head_dim = out.len() / weights.len();
+            if head_dim != 64 && head_dim != 128 {
+                return false;
+            }
+            for (weights, out) in weights.chunks(4).zip(out.chunks_mut(4 * head_dim)) {
+                // SAFETY: the caller's promise; AVX-512 F checked above.
+                unsafe {
+                    match (weights.len(), head_dim) {
+                        (1, 64) => heads_avx512::<T, 1, 4>(weights, offsets, values, out),
+                        (2, 64) => heads_avx512::<T, 2, 4>(weights, offsets, values, out),
+                        (3, 64) => heads_avx512::<T, 3, 4>(weights, offsets, values, out),
+                        (4, 64) => heads_avx512::<T, 4, 4>(weights, offsets, values, out),
+                        (1, _) => heads_avx512::<T, 1, 8>(weights, offsets, values, out),
+                        (2, _) => heads_avx512::<T, 2, 8>(weights, offsets, values, out),
+                        (3, _) => heads_avx512::<T, 3, 8>(weights, offsets, values, out),
+                        _ => heads_avx512::<T, 4, 8>(weights, offsets, values, out),
+                    }
+                }
+            }
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (weights, offsets, values, out);
+            false
+        }
+    }
+
+    /// [`weighted_sum_heads`] for `H` heads of `16 V` elements, the accumulators in registers.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn heads_avx512<T: KeyElement, const H: usize, const V: usize>(
+        weights: &[Vec<f32>],
+        offsets: &[usize],
+        values: &[T],
+        out: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        let head_dim = 16 * V;
+        debug_assert!(weights.len() == H && out.len() == H * head_dim);
+        // SAFETY: `out` has `H * head_dim` elements; the caller's promise for the values.
+        unsafe {
+            let mut acc: [[__m512; V]; H] = std::array::from_fn(|h| {
+                std::array::from_fn(|v| _mm512_loadu_ps(out.as_ptr().add(h * head_dim + 16 * v)))
+            });
+            for (j, &o) in offsets.iter().enumerate() {
+                let value: [__m512; V] = std::array::from_fn(|v| T::load16(values.as_ptr().add(o + 16 * v)));
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let w = _mm512_set1_ps(*weights[h].get_unchecked(j));
+                    for (a, x) in acc.iter_mut().zip(&value) {
+                        *a = _mm512_fmadd_ps(w, *x, *a);
+                    }
+                }
+            }
+            for (h, acc) in acc.iter().enumerate() {
+                for (v, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(out.as_mut_ptr().add(h * head_dim + 16 * v), *a);
+                }
+            }
+        }
+    }
+
     #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma", target_feature = "f16c")))]
     mod fallback {
         use super::Load8;
-        pub unsafe fn horizontal_dot<T: Load8 + Copy>(_: &[f32], _: &[T]) -> f32 {
-            unreachable!("AVAILABLE is false")
-        }
-        pub unsafe fn lane_dot<T: Load8 + Copy>(_: &[f32], _: &[T]) -> f32 {
-            unreachable!("AVAILABLE is false")
-        }
         pub unsafe fn axpy<T: Load8 + Copy>(_: f32, _: &[T], _: &mut [f32]) {
             unreachable!("AVAILABLE is false")
         }
@@ -952,59 +885,12 @@ mod simd {
         target_feature = "fma",
         target_feature = "f16c"
     )))]
-    pub use fallback::{axpy, horizontal_dot, lane_dot};
+    pub use fallback::axpy;
 }
 
 /// Up to this many keys, candle's GEMM computes a single query's scores with its
 /// horizontal kernel; beyond, with its matrix-vector kernel.
 const HORIZONTAL_MAX_KEYS: usize = 256;
-
-/// A dot product in the order of the reference's horizontal kernel: one fused 8-lane
-/// accumulator, then the lanes reduced as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
-fn horizontal_dot(a: &[f32], b: &[f32]) -> f32 {
-    let k = a.len().min(b.len());
-    let mut acc = [0f32; 8];
-    for (at, (x, y)) in a[..k].iter().zip(&b[..k]).enumerate() {
-        acc[at % 8] = x.mul_add(*y, acc[at % 8]);
-    }
-    let x: [f32; 4] = std::array::from_fn(|l| acc[l] + acc[l + 4]);
-    (x[0] + x[2]) + (x[1] + x[3])
-}
-
-/// A dot product in the order of the reference's matrix-vector kernel (one query row):
-/// eight 8-lane fused accumulators over blocks of 64, reduced pairwise, then 8-lane blocks,
-/// the lanes summed in order, then the tail.
-fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
-    let k = a.len().min(b.len());
-    let mut depth = 0;
-    let mut acc = [[0f32; 8]; 8];
-    while depth + 64 <= k {
-        for (i, lanes) in acc.iter_mut().enumerate() {
-            for (l, v) in lanes.iter_mut().enumerate() {
-                let at = depth + 8 * i + l;
-                *v = a[at].mul_add(b[at], *v);
-            }
-        }
-        depth += 64;
-    }
-    let pair = |x: usize, y: usize, l: usize| acc[x][l] + acc[y][l];
-    let mut lanes: [f32; 8] =
-        std::array::from_fn(|l| (pair(0, 1, l) + pair(2, 3, l)) + (pair(4, 5, l) + pair(6, 7, l)));
-    while depth + 8 <= k {
-        for (l, v) in lanes.iter_mut().enumerate() {
-            *v = a[depth + l].mul_add(b[depth + l], *v);
-        }
-        depth += 8;
-    }
-    let mut sum = lanes[0];
-    for v in &lanes[1..] {
-        sum += v;
-    }
-    for at in depth..k {
-        sum = a[at].mul_add(b[at], sum);
-    }
-    sum
-}
 
 /// Whether `mask` (the plugins' bitset layout) allows a token of column group `group`
 /// (columns `16 group..16 group + 16`: half a mask word).
@@ -1041,45 +927,17 @@ mod tests {
             .collect()
     }
 
-    /// The vector attention loops give the scalar loops' results bit for bit, for f32 and f16
-    /// caches and lengths with and without tails.
+    /// The vector loops of the weighted sum give the scalar loops' results bit for bit, for
+    /// lengths with and without tails.
     #[test]
     fn vector_attention_loops_equal_the_scalar_ones() {
-        // With the committed build flags (x86-64-v3) `dot` and `axpy` take the vector path;
-        // a baseline build compares the scalar loops with themselves.
+        // With the committed build flags (x86-64-v3) `axpy` takes the vector path; a baseline
+        // build compares the scalar loops with themselves.
         for k in [8usize, 13, 64, 72, 130, 200] {
             let q = values(k, k as u32);
-            let keys = values(k, 7 * k as u32);
-            let halves: Vec<f16> = keys.iter().map(|&v| f16::from_f32(v)).collect();
+            let halves: Vec<f16> = values(k, 7 * k as u32).iter().map(|&v| f16::from_f32(v)).collect();
             let widened: Vec<f32> = halves.iter().map(|h| h.to_f32()).collect();
             let mut buffer = vec![0f32; k];
-            for horizontal in [true, false] {
-                let scalar = if horizontal { horizontal_dot(&q, &keys) } else { lane_dot(&q, &keys) };
-                assert_eq!(f32::dot(&q, &keys, horizontal, &mut buffer).to_bits(), scalar.to_bits(), "f32, k {k}");
-                let scalar = if horizontal { horizontal_dot(&q, &widened) } else { lane_dot(&q, &widened) };
-                assert_eq!(f16::dot(&q, &halves, horizontal, &mut buffer).to_bits(), scalar.to_bits(), "f16, k {k}");
-            }
-            if k.is_multiple_of(8) {
-                // Eight keys scattered in a cache, as the attention loop reads them.
-                let cache = values(k * 20, 3 * k as u32);
-                let halves: Vec<f16> = cache.iter().map(|&v| f16::from_f32(v)).collect();
-                let offsets: Vec<usize> = [19usize, 0, 7, 3, 12, 4, 18, 9].iter().map(|i| i * k).collect();
-                for horizontal in [true, false] {
-                    let expect = |key: &[f32]| if horizontal { horizontal_dot(&q, key) } else { lane_dot(&q, key) };
-                    if let Some(got) = unsafe { simd::scores8(&q, &cache, &offsets, horizontal) } {
-                        for (g, &o) in got.iter().zip(&offsets) {
-                            assert_eq!(g.to_bits(), expect(&cache[o..o + k]).to_bits(), "scores8 f32, k {k}");
-                        }
-                    }
-                    if let Some(got) = unsafe { simd::scores8(&q, &halves, &offsets, horizontal) } {
-                        for (g, &o) in got.iter().zip(&offsets) {
-                            let key: Vec<f32> = halves[o..o + k].iter().map(|h| h.to_f32()).collect();
-                            assert_eq!(g.to_bits(), expect(&key).to_bits(), "scores8 f16, k {k}");
-                        }
-                    }
-                }
-                assert_eq!(simd::AVAILABLE, unsafe { simd::scores8(&q, &cache, &offsets, true) }.is_some());
-            }
             let (mut fast, mut slow) = (q.clone(), q.clone());
             f16::axpy(0.37, &halves, &mut fast, &mut buffer);
             slow.iter_mut().zip(&widened).for_each(|(o, v)| *o = 0.37f32.mul_add(*v, *o));
@@ -1097,6 +955,76 @@ mod tests {
                     }
                 }
                 assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()), "weighted sum");
+            }
+        }
+    }
+
+    /// Attention over a paged cache written by `write_kv` (keys key-major per block, blocks
+    /// scattered, partial last blocks, grouped-query heads) equals softmax attention
+    /// computed key by key from the rows written, in the reference's orders, bit for bit:
+    /// short contexts (candle's horizontal order) and long ones (its matrix-vector order).
+    #[test]
+    fn paged_attention_equals_attention_over_the_written_rows() {
+        let heads = AttentionHeads { heads: 6, kv_heads: 2, head_dim: 64 };
+        let kv_width = heads.kv_heads * heads.head_dim;
+        let backend = CpuBackend::default();
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            // One row per sequence (one head per work item) to 300 (a group per item).
+            for len in [1usize, 5, 37, 300] {
+                let shape = KvShape { layers: 1, num_blocks: 64, block_size: 16, kv_heads: 2, head_dim: 64, dtype };
+                let mut cache = backend.kv_cache(shape).unwrap();
+                // Two sequences on interleaved, out-of-order blocks.
+                let tables: [Vec<u32>; 2] = [
+                    (0..len.div_ceil(16) as u32).map(|b| 63 - 2 * b).collect(),
+                    (0..len.div_ceil(16) as u32).map(|b| 2 * b).collect(),
+                ];
+                let mut batch = ForwardBatch::default();
+                for table in &tables {
+                    batch.push_sequence(&vec![0; len], 0, table, 16, true);
+                }
+                let rows = batch.tokens.len();
+                let k = CpuTensor { rows, cols: kv_width, data: values(rows * kv_width, 11 + len as u32) };
+                let v = CpuTensor { rows, cols: kv_width, data: values(rows * kv_width, 17 + len as u32) };
+                let q = CpuTensor { rows, cols: heads.heads * 64, data: values(rows * heads.heads * 64, 5) };
+                backend.write_kv(&mut cache, 0, &k, &v, &batch.slots).unwrap();
+                let got = backend.attention(&q, &cache, 0, &batch, heads).unwrap();
+                let stored = |x: f32| if dtype == KvDtype::F16 { f16::from_f32(x).to_f32() } else { x };
+                for row in 0..rows {
+                    let seq_start = if row < len { 0 } else { len };
+                    let seen = batch.positions[row] as usize + 1;
+                    for head in 0..heads.heads {
+                        let kv = head / 3;
+                        let query = &q.row(row)[head * 64..][..64];
+                        let cached = |t: &CpuTensor, j: usize| -> Vec<f32> {
+                            t.row(seq_start + j)[kv * 64..][..64].iter().map(|&x| stored(x)).collect()
+                        };
+                        let mut scores: Vec<f32> = (0..seen)
+                            .map(|j| {
+                                let key = cached(&k, j);
+                                let dot = if seen <= HORIZONTAL_MAX_KEYS {
+                                    key_scores::horizontal_dot(query, &key)
+                                } else {
+                                    key_scores::lane_dot(query, &key)
+                                };
+                                dot * 0.125
+                            })
+                            .collect();
+                        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                        scores.iter_mut().for_each(|s| *s = (*s - max).exp());
+                        let total = lane_sum(&scores);
+                        let mut want = vec![0f32; 64];
+                        for (j, &w) in scores.iter().enumerate() {
+                            for (o, x) in want.iter_mut().zip(cached(&v, j)) {
+                                *o = (w / total).mul_add(x, *o);
+                            }
+                        }
+                        let have = &got.row(row)[head * 64..][..64];
+                        assert!(
+                            have.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{dtype:?}, len {len}, row {row}, head {head}"
+                        );
+                    }
+                }
             }
         }
     }

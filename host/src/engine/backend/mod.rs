@@ -12,6 +12,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod expf;
+pub mod key_scores;
 pub mod packed;
 
 use candle_core::quantized::QTensor;

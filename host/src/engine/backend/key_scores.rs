@@ -1,0 +1,546 @@
+//! Attention scores over key-major cache blocks, a vector lane per key.
+//!
+//! The CPU cache stores each (block, kv head)'s keys dimension-major: element `e` of the
+//! block's `block_size` keys lie side by side (`[dim][slot]`), so one vector load brings
+//! element `e` of 8 (AVX2) or 16 (AVX-512) keys. A query's dot products with those keys are
+//! computed lane = key: each lane runs exactly the scalar operations of candle's kernel for
+//! one key ([`horizontal_dot`] or [`lane_dot`]: the same fused multiply-adds and additions in
+//! the same order), so the scores are those of the key-by-key loops bit for bit, with no
+//! transposes and no horizontal reductions.
+//!
+//! Why: the previous layout (keys row-major, one key's 64 elements contiguous) needed about
+//! 26 vector operations per (head, key) for the matrix-vector order, 8 of them f16
+//! conversions and a transpose across keys; here it is 64 conversions, 64 fused
+//! multiply-adds and 63 additions per 16 keys, about 12 per key, and 8 in the short-context
+//! order. Attention was the largest share of a serving step at the answers' contexts (39% of a
+//! 16-sequence server profile, the Q4_1 products 35%).
+
+use half::f16;
+
+/// A key cache element type, as the score kernels read it.
+pub trait KeyElement: Copy + Send + Sync {
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+    /// Eight consecutive elements as f32.
+    ///
+    /// # Safety
+    /// `src` has 8 readable elements; the CPU has AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(src: *const Self) -> std::arch::x86_64::__m256;
+    /// Sixteen consecutive elements as f32.
+    ///
+    /// # Safety
+    /// `src` has 16 readable elements; the CPU has AVX-512 F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(src: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl KeyElement for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(src: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's promise.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(src) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(src: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's promise.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(src) }
+    }
+}
+
+impl KeyElement for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(src: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's promise.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(src.cast())) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(src: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(src.cast())) }
+    }
+}
+
+/// The vector width the score kernels run with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyLanes {
+    /// One key at a time (any CPU, any block size).
+    Scalar,
+    /// 8 keys per vector: AVX2, FMA and F16C; block sizes that are multiples of 8.
+    Avx2,
+    /// 16 keys per vector: AVX-512 F; block sizes that are multiples of 16.
+    Avx512,
+}
+
+impl KeyLanes {
+    /// The widest width this CPU and `block_size` allow. AVX-512 is used where the packed
+    /// kernels use it ([`super::packed::Isa::detect`], so `DSPARK_CPU_KERNELS=avx2` narrows
+    /// both for comparisons).
+    pub fn detect(block_size: usize) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            let avx512 =
+                avx2 && has!("avx512f") && super::packed::Isa::detect() == Some(super::packed::Isa::Avx512Vnni);
+            if avx512 && block_size.is_multiple_of(16) {
+                return Self::Avx512;
+            }
+            if avx2 && block_size.is_multiple_of(8) {
+                return Self::Avx2;
+            }
+        }
+        let _ = block_size;
+        Self::Scalar
+    }
+
+    /// Keys per vector.
+    pub fn width(self) -> usize {
+        match self {
+            Self::Scalar => 1,
+            Self::Avx2 => 8,
+            Self::Avx512 => 16,
+        }
+    }
+}
+
+/// Appends `scale * (query_h . key_j)` for the first `n` keys of one cache block to
+/// `scores[h]`, for every head `h` of a group sharing the block's kv head: `queries` holds
+/// `scores.len()` queries of `head_dim` elements one after the other. `block` holds the
+/// block's `block_size` keys of that kv head dimension-major (element `e` of key `j` at
+/// `block[e * block_size + j]`). Each key vector is loaded (and widened) once for up to three
+/// heads. `horizontal` picks candle's order for short contexts ([`horizontal_dot`]), else its
+/// matrix-vector order ([`lane_dot`]).
+///
+/// # Panics
+/// If `queries` is not `scores.len() * head_dim` long, `block` is shorter than
+/// `head_dim * block_size`, `n > block_size`, or `lanes` does not divide `block_size` (use
+/// [`KeyLanes::detect`]).
+#[allow(clippy::too_many_arguments)]
+pub fn append_block_scores<T: KeyElement>(
+    lanes: KeyLanes,
+    queries: &[f32],
+    head_dim: usize,
+    block: &[T],
+    block_size: usize,
+    n: usize,
+    horizontal: bool,
+    scale: f32,
+    scores: &mut [Vec<f32>],
+) {
+    assert!(queries.len() == scores.len() * head_dim);
+    assert!(block.len() >= head_dim * block_size && n <= block_size && block_size.is_multiple_of(lanes.width()));
+    for (queries, scores) in queries.chunks(3 * head_dim.max(1)).zip(scores.chunks_mut(3)) {
+        match scores.len() {
+            1 => heads_block::<T, 1>(lanes, queries, block, block_size, n, horizontal, scale, scores),
+            2 => heads_block::<T, 2>(lanes, queries, block, block_size, n, horizontal, scale, scores),
+            _ => heads_block::<T, 3>(lanes, queries, block, block_size, n, horizontal, scale, scores),
+        }
+    }
+}
+
+/// [`append_block_scores`] for `H` heads.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn heads_block<T: KeyElement, const H: usize>(
+    lanes: KeyLanes,
+    queries: &[f32],
+    block: &[T],
+    block_size: usize,
+    n: usize,
+    horizontal: bool,
+    scale: f32,
+    scores: &mut [Vec<f32>],
+) {
+    let mut dots = [[0f32; 16]; H];
+    let mut first = 0;
+    while first < n {
+        let keys = block[first..].as_ptr();
+        let out = dots.as_mut_ptr().cast::<f32>();
+        // SAFETY: every load reads `width` keys' element `e < head_dim` from
+        // `first + e * block_size` on, inside the block (asserted by the caller:
+        // `first + width <= block_size`); `dots` has 16 floats per head; the CPU has the
+        // width's features (`KeyLanes::detect`, or `Scalar`).
+        unsafe {
+            match lanes {
+                KeyLanes::Scalar => dots_with::<Scalar, T, H>(queries, keys, block_size, horizontal, out),
+                #[cfg(target_arch = "x86_64")]
+                KeyLanes::Avx2 => dots_avx2::<T, H>(queries, keys, block_size, horizontal, out),
+                #[cfg(target_arch = "x86_64")]
+                KeyLanes::Avx512 => dots_avx512::<T, H>(queries, keys, block_size, horizontal, out),
+                #[cfg(not(target_arch = "x86_64"))]
+                _ => unreachable!("vector widths are detected on x86-64 only"),
+            }
+        }
+        let take = lanes.width().min(n - first);
+        for (dots, scores) in dots.iter().zip(scores.iter_mut()) {
+            scores.extend(dots[..take].iter().map(|d| d * scale));
+        }
+        first += lanes.width();
+    }
+}
+
+/// A vector of f32 lanes, one key per lane.
+trait Lanes {
+    type V: Copy;
+    unsafe fn zero() -> Self::V;
+    unsafe fn load<T: KeyElement>(src: *const T) -> Self::V;
+    /// `a * b + c`, one rounding (lane-wise `f32::mul_add` with `a` broadcast).
+    unsafe fn fma(a: f32, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn store(v: Self::V, dst: *mut f32);
+}
+
+struct Scalar;
+
+impl Lanes for Scalar {
+    type V = f32;
+    #[inline(always)]
+    unsafe fn zero() -> f32 {
+        0.0
+    }
+    #[inline(always)]
+    unsafe fn load<T: KeyElement>(src: *const T) -> f32 {
+        // SAFETY: the caller's promise (one readable element).
+        unsafe { (*src).to_f32() }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+    #[inline(always)]
+    unsafe fn add(a: f32, b: f32) -> f32 {
+        a + b
+    }
+    #[inline(always)]
+    unsafe fn store(v: f32, dst: *mut f32) {
+        // SAFETY: the caller's promise.
+        unsafe { *dst = v }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Avx2 {
+    type V = std::arch::x86_64::__m256;
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        // SAFETY: called from `dots_avx2` (AVX2 enabled).
+        unsafe { std::arch::x86_64::_mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn load<T: KeyElement>(src: *const T) -> Self::V {
+        // SAFETY: the caller's promise.
+        unsafe { T::load8(src) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: f32, b: Self::V, c: Self::V) -> Self::V {
+        use std::arch::x86_64::*;
+        // SAFETY: as in `zero`.
+        unsafe { _mm256_fmadd_ps(_mm256_set1_ps(a), b, c) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: as in `zero`.
+        unsafe { std::arch::x86_64::_mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn store(v: Self::V, dst: *mut f32) {
+        // SAFETY: the caller's promise (8 floats of room).
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(dst, v) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+struct Avx512;
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Avx512 {
+    type V = std::arch::x86_64::__m512;
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        // SAFETY: called from `dots_avx512` (AVX-512 F enabled).
+        unsafe { std::arch::x86_64::_mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn load<T: KeyElement>(src: *const T) -> Self::V {
+        // SAFETY: the caller's promise.
+        unsafe { T::load16(src) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: f32, b: Self::V, c: Self::V) -> Self::V {
+        use std::arch::x86_64::*;
+        // SAFETY: as in `zero`.
+        unsafe { _mm512_fmadd_ps(_mm512_set1_ps(a), b, c) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: as in `zero`.
+        unsafe { std::arch::x86_64::_mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn store(v: Self::V, dst: *mut f32) {
+        // SAFETY: the caller's promise (16 floats of room).
+        unsafe { std::arch::x86_64::_mm512_storeu_ps(dst, v) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_avx2<T: KeyElement, const H: usize>(
+    queries: &[f32],
+    keys: *const T,
+    stride: usize,
+    horizontal: bool,
+    out: *mut f32,
+) {
+    // SAFETY: the caller's promise; AVX2 is enabled here.
+    unsafe { dots_with::<Avx2, T, H>(queries, keys, stride, horizontal, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn dots_avx512<T: KeyElement, const H: usize>(
+    queries: &[f32],
+    keys: *const T,
+    stride: usize,
+    horizontal: bool,
+    out: *mut f32,
+) {
+    // SAFETY: the caller's promise; AVX-512 F is enabled here.
+    unsafe { dots_with::<Avx512, T, H>(queries, keys, stride, horizontal, out) }
+}
+
+/// The dot products of `H` queries (`queries`, one after the other) with one vector's worth
+/// of keys (element `e` of the lane's key at `keys + e * stride + lane`), each lane in the
+/// order of [`horizontal_dot`] or [`lane_dot`]; head `h`'s written to `out + 16 h` (one f32
+/// per lane). Each key vector is loaded once for all the heads.
+///
+/// # Safety
+/// Those elements are readable for `e < queries.len() / H`; `out` has room for `16 H`
+/// floats; the CPU runs `L`.
+#[inline(always)]
+unsafe fn dots_with<L: Lanes, T: KeyElement, const H: usize>(
+    queries: &[f32],
+    keys: *const T,
+    stride: usize,
+    horizontal: bool,
+    out: *mut f32,
+) {
+    let k = queries.len() / H;
+    // SAFETY: the caller's promise for every `e < k`.
+    let key = |e: usize| unsafe { L::load(keys.add(e * stride)) };
+    let q = |h: usize, e: usize| queries[h * k + e];
+    // SAFETY: the CPU runs `L` (the caller's promise).
+    unsafe {
+        let sums: [L::V; H] = if horizontal {
+            // Element `at` goes to accumulator `at % 8`; constant indices keep the
+            // accumulators in registers.
+            let mut acc = [[L::zero(); 8]; H];
+            let full = k / 8 * 8;
+            let mut at = 0;
+            while at < full {
+                for l in 0..8 {
+                    let x = key(at + l);
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        acc[l] = L::fma(q(h, at + l), x, acc[l]);
+                    }
+                }
+                at += 8;
+            }
+            for l in 0..8 {
+                if full + l < k {
+                    let x = key(full + l);
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        acc[l] = L::fma(q(h, full + l), x, acc[l]);
+                    }
+                }
+            }
+            std::array::from_fn(|h| {
+                let x: [L::V; 4] = std::array::from_fn(|l| L::add(acc[h][l], acc[h][l + 4]));
+                L::add(L::add(x[0], x[2]), L::add(x[1], x[3]))
+            })
+        } else {
+            let blocks = k / 64 * 64;
+            let mut sums = [L::zero(); H];
+            for l in 0..8 {
+                // Lane `l` of the reference's eight accumulators over blocks of 64, reduced
+                // pairwise, then its 8-element blocks; lanes are independent, so one at a
+                // time (8 live vectors per head instead of 64).
+                let mut acc = [[L::zero(); 8]; H];
+                let mut depth = 0;
+                while depth < blocks {
+                    for i in 0..8 {
+                        let x = key(depth + 8 * i + l);
+                        for (h, acc) in acc.iter_mut().enumerate() {
+                            acc[i] = L::fma(q(h, depth + 8 * i + l), x, acc[i]);
+                        }
+                    }
+                    depth += 64;
+                }
+                for (h, acc) in acc.iter().enumerate() {
+                    let pair = |x: usize, y: usize| L::add(acc[x], acc[y]);
+                    let mut lane = L::add(L::add(pair(0, 1), pair(2, 3)), L::add(pair(4, 5), pair(6, 7)));
+                    let mut depth = blocks;
+                    while depth + 8 <= k {
+                        lane = L::fma(q(h, depth + l), key(depth + l), lane);
+                        depth += 8;
+                    }
+                    sums[h] = if l == 0 { lane } else { L::add(sums[h], lane) };
+                }
+            }
+            for at in k / 8 * 8..k {
+                let x = key(at);
+                for (h, sum) in sums.iter_mut().enumerate() {
+                    *sum = L::fma(q(h, at), x, *sum);
+                }
+            }
+            sums
+        };
+        for (h, sum) in sums.iter().enumerate() {
+            L::store(*sum, out.add(16 * h));
+        }
+    }
+}
+
+/// A dot product in the order of the reference's horizontal kernel: one fused 8-lane
+/// accumulator, then the lanes reduced as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+/// candle's GEMM computes a single query's scores this way up to 256 keys (the CPU backend's
+/// `HORIZONTAL_MAX_KEYS`). The specification the kernels are tested against.
+pub fn horizontal_dot(a: &[f32], b: &[f32]) -> f32 {
+    let k = a.len().min(b.len());
+    let mut acc = [0f32; 8];
+    for (at, (x, y)) in a[..k].iter().zip(&b[..k]).enumerate() {
+        acc[at % 8] = x.mul_add(*y, acc[at % 8]);
+    }
+    let x: [f32; 4] = std::array::from_fn(|l| acc[l] + acc[l + 4]);
+    (x[0] + x[2]) + (x[1] + x[3])
+}
+
+/// A dot product in the order of the reference's matrix-vector kernel (one query row):
+/// eight 8-lane fused accumulators over blocks of 64, reduced pairwise, then 8-lane blocks,
+/// the lanes summed in order, then the tail. The specification the kernels are tested
+/// against.
+pub fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
+    let k = a.len().min(b.len());
+    let mut depth = 0;
+    let mut acc = [[0f32; 8]; 8];
+    while depth + 64 <= k {
+        for (i, lanes) in acc.iter_mut().enumerate() {
+            for (l, v) in lanes.iter_mut().enumerate() {
+                let at = depth + 8 * i + l;
+                *v = a[at].mul_add(b[at], *v);
+            }
+        }
+        depth += 64;
+    }
+    let pair = |x: usize, y: usize, l: usize| acc[x][l] + acc[y][l];
+    let mut lanes: [f32; 8] =
+        std::array::from_fn(|l| (pair(0, 1, l) + pair(2, 3, l)) + (pair(4, 5, l) + pair(6, 7, l)));
+    while depth + 8 <= k {
+        for (l, v) in lanes.iter_mut().enumerate() {
+            *v = a[depth + l].mul_add(b[depth + l], *v);
+        }
+        depth += 8;
+    }
+    let mut sum = lanes[0];
+    for v in &lanes[1..] {
+        sum += v;
+    }
+    for at in depth..k {
+        sum = a[at].mul_add(b[at], sum);
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(12_345);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 20_001) as f32 / 10_000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Every width gives the specification's scores bit for bit, for f32 and f16 keys, head
+    /// sizes with and without 8- and 64-element tails, full and partial blocks.
+    #[test]
+    fn every_width_gives_the_key_by_key_scores() {
+        let block_size = 32;
+        let widths: Vec<KeyLanes> = [KeyLanes::Scalar, KeyLanes::Avx2, KeyLanes::Avx512]
+            .into_iter()
+            .filter(|&w| w == KeyLanes::Scalar || KeyLanes::detect(block_size).width() >= w.width())
+            .collect();
+        for k in [8usize, 13, 64, 72, 96, 128, 130] {
+            // Seven different queries: groups of 1 to 7 heads (chunks of 3, 2 and 1).
+            let queries: Vec<Vec<f32>> = (0..7).map(|h| values(k, k as u32 + 100 * h)).collect();
+            let keys: Vec<Vec<f32>> = (0..block_size).map(|j| values(k, 7 * k as u32 + j as u32)).collect();
+            let halves: Vec<Vec<f32>> =
+                keys.iter().map(|key| key.iter().map(|&v| f16::from_f32(v).to_f32()).collect()).collect();
+            let mut major = vec![0f32; k * block_size];
+            let mut major16 = vec![f16::ZERO; k * block_size];
+            for j in 0..block_size {
+                for e in 0..k {
+                    major[e * block_size + j] = keys[j][e];
+                    major16[e * block_size + j] = f16::from_f32(keys[j][e]);
+                }
+            }
+            for horizontal in [true, false] {
+                let spec = |q: &[f32], keys: &[Vec<f32>]| -> Vec<u32> {
+                    keys.iter()
+                        .map(|key| {
+                            (if horizontal { horizontal_dot(q, key) } else { lane_dot(q, key) } * 0.125).to_bits()
+                        })
+                        .collect()
+                };
+                for &lanes in &widths {
+                    for n in [block_size, 21, 1] {
+                        for heads in [1usize, 2, 3, 7] {
+                            let flat: Vec<f32> = queries[..heads].concat();
+                            let mut got = vec![Vec::new(); heads];
+                            append_block_scores(lanes, &flat, k, &major, block_size, n, horizontal, 0.125, &mut got);
+                            let mut got16 = vec![Vec::new(); heads];
+                            append_block_scores(
+                                lanes, &flat, k, &major16, block_size, n, horizontal, 0.125, &mut got16,
+                            );
+                            for h in 0..heads {
+                                let bits = |s: &[f32]| s.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+                                let what =
+                                    format!("{lanes:?}, k {k}, n {n}, head {h} of {heads}, horizontal {horizontal}");
+                                assert_eq!(bits(&got[h]), spec(&queries[h], &keys)[..n], "f32, {what}");
+                                assert_eq!(bits(&got16[h]), spec(&queries[h], &halves)[..n], "f16, {what}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // On this project's machines the vector widths run (x86-64 with AVX2 at least), so
+        // the test compares them and does not pass on the scalar loop alone.
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            assert!(widths.len() >= 2, "{widths:?}");
+        }
+    }
+}
