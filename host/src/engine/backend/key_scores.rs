@@ -231,73 +231,47 @@ impl Lanes for Scalar {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-struct Avx2;
+/// A [`Lanes`] over one x86 vector type: its name, vector, element load and intrinsics.
+/// Its methods run only inside the matching `dots_*` function, which enables the features.
+macro_rules! x86_lanes {
+    ($name:ident, $v:ident, $load:ident, $zero:ident, $set1:ident, $fmadd:ident, $add:ident, $store:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        struct $name;
 
-#[cfg(target_arch = "x86_64")]
-impl Lanes for Avx2 {
-    type V = std::arch::x86_64::__m256;
-    #[inline(always)]
-    unsafe fn zero() -> Self::V {
-        // SAFETY: called from `dots_avx2` (AVX2 enabled).
-        unsafe { std::arch::x86_64::_mm256_setzero_ps() }
-    }
-    #[inline(always)]
-    unsafe fn load<T: KeyElement>(src: *const T) -> Self::V {
-        // SAFETY: the caller's promise.
-        unsafe { T::load8(src) }
-    }
-    #[inline(always)]
-    unsafe fn fma(a: f32, b: Self::V, c: Self::V) -> Self::V {
-        use std::arch::x86_64::*;
-        // SAFETY: as in `zero`.
-        unsafe { _mm256_fmadd_ps(_mm256_set1_ps(a), b, c) }
-    }
-    #[inline(always)]
-    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: as in `zero`.
-        unsafe { std::arch::x86_64::_mm256_add_ps(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn store(v: Self::V, dst: *mut f32) {
-        // SAFETY: the caller's promise (8 floats of room).
-        unsafe { std::arch::x86_64::_mm256_storeu_ps(dst, v) }
-    }
+        #[cfg(target_arch = "x86_64")]
+        impl Lanes for $name {
+            type V = std::arch::x86_64::$v;
+            #[inline(always)]
+            unsafe fn zero() -> Self::V {
+                // SAFETY: inside the matching `dots_*` (features enabled).
+                unsafe { std::arch::x86_64::$zero() }
+            }
+            #[inline(always)]
+            unsafe fn load<T: KeyElement>(src: *const T) -> Self::V {
+                // SAFETY: the caller's promise (a vector's elements readable).
+                unsafe { T::$load(src) }
+            }
+            #[inline(always)]
+            unsafe fn fma(a: f32, b: Self::V, c: Self::V) -> Self::V {
+                // SAFETY: as in `zero`.
+                unsafe { std::arch::x86_64::$fmadd(std::arch::x86_64::$set1(a), b, c) }
+            }
+            #[inline(always)]
+            unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+                // SAFETY: as in `zero`.
+                unsafe { std::arch::x86_64::$add(a, b) }
+            }
+            #[inline(always)]
+            unsafe fn store(v: Self::V, dst: *mut f32) {
+                // SAFETY: the caller's promise (a vector's floats of room).
+                unsafe { std::arch::x86_64::$store(dst, v) }
+            }
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-struct Avx512;
-
-#[cfg(target_arch = "x86_64")]
-impl Lanes for Avx512 {
-    type V = std::arch::x86_64::__m512;
-    #[inline(always)]
-    unsafe fn zero() -> Self::V {
-        // SAFETY: called from `dots_avx512` (AVX-512 F enabled).
-        unsafe { std::arch::x86_64::_mm512_setzero_ps() }
-    }
-    #[inline(always)]
-    unsafe fn load<T: KeyElement>(src: *const T) -> Self::V {
-        // SAFETY: the caller's promise.
-        unsafe { T::load16(src) }
-    }
-    #[inline(always)]
-    unsafe fn fma(a: f32, b: Self::V, c: Self::V) -> Self::V {
-        use std::arch::x86_64::*;
-        // SAFETY: as in `zero`.
-        unsafe { _mm512_fmadd_ps(_mm512_set1_ps(a), b, c) }
-    }
-    #[inline(always)]
-    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: as in `zero`.
-        unsafe { std::arch::x86_64::_mm512_add_ps(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn store(v: Self::V, dst: *mut f32) {
-        // SAFETY: the caller's promise (16 floats of room).
-        unsafe { std::arch::x86_64::_mm512_storeu_ps(dst, v) }
-    }
-}
+x86_lanes!(Avx2, __m256, load8, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps);
+x86_lanes!(Avx512, __m512, load16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps);
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
