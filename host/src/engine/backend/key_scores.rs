@@ -164,37 +164,57 @@ fn heads_block<T: KeyElement, const H: usize>(
     scale: f32,
     scores: &mut [Vec<f32>],
 ) {
+    let width = lanes.width();
     let mut dots = [[0f32; 16]; H];
     let mut first = 0;
     while first < n {
         let keys = block[first..].as_ptr();
         let out = dots.as_mut_ptr().cast::<f32>();
-        // SAFETY: every load reads `width` keys' element `e < head_dim` from
-        // `first + e * block_size` on, inside the block (asserted by the caller:
-        // `first + width <= block_size`); `dots` has 16 floats per head; the CPU has the
-        // width's features (`KeyLanes::detect`, or `Scalar`).
+        // Two AVX2 vectors side by side where the block has them and more than one vector's
+        // keys are wanted: each query broadcast then serves 16 keys.
+        let pair = lanes == KeyLanes::Avx2 && first + 2 * width <= block_size && n - first > width;
+        // SAFETY: every load reads `width` (or, paired, `2 width`) keys' element
+        // `e < head_dim` from `first + e * block_size` on, inside the block (asserted by the
+        // caller: `block_size` is a multiple of `width`; paired, checked above); `dots` has
+        // 16 floats per head; the CPU has the width's features (`KeyLanes::detect`, or
+        // `Scalar`).
         unsafe {
-            match lanes {
-                KeyLanes::Scalar => dots_with::<Scalar, T, H>(queries, keys, block_size, horizontal, out),
+            match (lanes, queries.len() / H) {
+                (KeyLanes::Scalar, _) => dots_with::<Scalar, T, H, 1, 8, 0>(queries, keys, block_size, horizontal, out),
                 #[cfg(target_arch = "x86_64")]
-                KeyLanes::Avx2 => dots_avx2::<T, H>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Avx2, 64) if pair => dots_avx2::<T, H, 2, 64>(queries, keys, block_size, horizontal, out),
                 #[cfg(target_arch = "x86_64")]
-                KeyLanes::Avx512 => dots_avx512::<T, H>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Avx2, 128) if pair => dots_avx2::<T, H, 2, 128>(queries, keys, block_size, horizontal, out),
+                #[cfg(target_arch = "x86_64")]
+                (KeyLanes::Avx2, _) if pair => dots_avx2::<T, H, 2, 0>(queries, keys, block_size, horizontal, out),
+                #[cfg(target_arch = "x86_64")]
+                (KeyLanes::Avx2, 64) => dots_avx2::<T, H, 1, 64>(queries, keys, block_size, horizontal, out),
+                #[cfg(target_arch = "x86_64")]
+                (KeyLanes::Avx2, _) => dots_avx2::<T, H, 1, 0>(queries, keys, block_size, horizontal, out),
+                #[cfg(target_arch = "x86_64")]
+                (KeyLanes::Avx512, 64) => dots_avx512::<T, H, 64>(queries, keys, block_size, horizontal, out),
+                #[cfg(target_arch = "x86_64")]
+                (KeyLanes::Avx512, 128) => dots_avx512::<T, H, 128>(queries, keys, block_size, horizontal, out),
+                #[cfg(target_arch = "x86_64")]
+                (KeyLanes::Avx512, _) => dots_avx512::<T, H, 0>(queries, keys, block_size, horizontal, out),
                 #[cfg(not(target_arch = "x86_64"))]
                 _ => unreachable!("vector widths are detected on x86-64 only"),
             }
         }
-        let take = lanes.width().min(n - first);
+        let step = if pair { 2 * width } else { width };
+        let take = step.min(n - first);
         for (dots, scores) in dots.iter().zip(scores.iter_mut()) {
             scores.extend(dots[..take].iter().map(|d| d * scale));
         }
-        first += lanes.width();
+        first += step;
     }
 }
 
 /// A vector of f32 lanes, one key per lane.
 trait Lanes {
     type V: Copy;
+    /// Keys per vector.
+    const WIDTH: usize;
     unsafe fn zero() -> Self::V;
     unsafe fn load<T: KeyElement>(src: *const T) -> Self::V;
     /// `a * b + c`, one rounding (lane-wise `f32::mul_add` with `a` broadcast).
@@ -207,6 +227,7 @@ struct Scalar;
 
 impl Lanes for Scalar {
     type V = f32;
+    const WIDTH: usize = 1;
     #[inline(always)]
     unsafe fn zero() -> f32 {
         0.0
@@ -234,13 +255,14 @@ impl Lanes for Scalar {
 /// A [`Lanes`] over one x86 vector type: its name, vector, element load and intrinsics.
 /// Its methods run only inside the matching `dots_*` function, which enables the features.
 macro_rules! x86_lanes {
-    ($name:ident, $v:ident, $load:ident, $zero:ident, $set1:ident, $fmadd:ident, $add:ident, $store:ident) => {
+    ($name:ident, $v:ident, $width:literal, $load:ident, $zero:ident, $set1:ident, $fmadd:ident, $add:ident, $store:ident) => {
         #[cfg(target_arch = "x86_64")]
         struct $name;
 
         #[cfg(target_arch = "x86_64")]
         impl Lanes for $name {
             type V = std::arch::x86_64::$v;
+            const WIDTH: usize = $width;
             #[inline(always)]
             unsafe fn zero() -> Self::V {
                 // SAFETY: inside the matching `dots_*` (features enabled).
@@ -270,12 +292,25 @@ macro_rules! x86_lanes {
     };
 }
 
-x86_lanes!(Avx2, __m256, load8, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps);
-x86_lanes!(Avx512, __m512, load16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps);
+x86_lanes!(Avx2, __m256, 8, load8, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps);
+x86_lanes!(
+    Avx512,
+    __m512,
+    16,
+    load16,
+    _mm512_setzero_ps,
+    _mm512_set1_ps,
+    _mm512_fmadd_ps,
+    _mm512_add_ps,
+    _mm512_storeu_ps
+);
 
+/// [`dots_with`] on AVX2 over `V` vectors of 8 keys. The accumulators are grouped so that
+/// they fit the 16 registers beside the keys and the broadcast query element: 2 of the
+/// horizontal order's 8 lanes at a time for 2 or 3 heads, 4 for one.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots_avx2<T: KeyElement, const H: usize>(
+unsafe fn dots_avx2<T: KeyElement, const H: usize, const V: usize, const K: usize>(
     queries: &[f32],
     keys: *const T,
     stride: usize,
@@ -283,12 +318,20 @@ unsafe fn dots_avx2<T: KeyElement, const H: usize>(
     out: *mut f32,
 ) {
     // SAFETY: the caller's promise; AVX2 is enabled here.
-    unsafe { dots_with::<Avx2, T, H>(queries, keys, stride, horizontal, out) }
+    unsafe {
+        if H == 1 {
+            dots_with::<Avx2, T, H, V, 4, K>(queries, keys, stride, horizontal, out)
+        } else {
+            dots_with::<Avx2, T, H, V, 2, K>(queries, keys, stride, horizontal, out)
+        }
+    }
 }
 
+/// [`dots_with`] on AVX-512 over one vector of 16 keys; the 32 registers hold all 8 of the
+/// horizontal order's accumulators for 3 heads.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn dots_avx512<T: KeyElement, const H: usize>(
+unsafe fn dots_avx512<T: KeyElement, const H: usize, const K: usize>(
     queries: &[f32],
     keys: *const T,
     stride: usize,
@@ -296,97 +339,151 @@ unsafe fn dots_avx512<T: KeyElement, const H: usize>(
     out: *mut f32,
 ) {
     // SAFETY: the caller's promise; AVX-512 F is enabled here.
-    unsafe { dots_with::<Avx512, T, H>(queries, keys, stride, horizontal, out) }
+    unsafe { dots_with::<Avx512, T, H, 1, 8, K>(queries, keys, stride, horizontal, out) }
 }
 
-/// The dot products of `H` queries (`queries`, one after the other) with one vector's worth
-/// of keys (element `e` of the lane's key at `keys + e * stride + lane`), each lane in the
-/// order of [`horizontal_dot`] or [`lane_dot`]; head `h`'s written to `out + 16 h` (one f32
-/// per lane). Each key vector is loaded once for all the heads.
+/// The horizontal order's 8 accumulator lanes in the order their sums are paired:
+/// `x_l = acc_l + acc_(l+4)`, then `(x_0 + x_2) + (x_1 + x_3)`.
+const HORIZONTAL_PAIRS: [usize; 8] = [0, 4, 2, 6, 1, 5, 3, 7];
+
+/// The dot products of `H` queries (`queries`, one after the other) with `V` vectors' worth
+/// of keys (element `e` of vector `v`'s lane's key at `keys + e * stride + v * width + lane`),
+/// each lane in the order of [`horizontal_dot`] or [`lane_dot`]; head `h`'s written from
+/// `out + 16 h` on (one f32 per lane, vector after vector). Each key vector is loaded once
+/// for all the heads and each query element broadcast once for all the vectors.
+///
+/// Every accumulator runs its chain in the reference's order; only which chains are live at
+/// once differs: `P` of the horizontal order's 8 lanes at a time ([`HORIZONTAL_PAIRS`], so
+/// each group's sums pair up as the reference pairs them), and the matrix-vector order's
+/// accumulators reduced pair by pair as soon as both are complete. With AVX2's 16
+/// registers, keeping all 8 lanes of 3 heads live (24 vectors) spilled to the stack on
+/// every fused multiply-add.
 ///
 /// # Safety
 /// Those elements are readable for `e < queries.len() / H`; `out` has room for `16 H`
-/// floats; the CPU runs `L`.
+/// floats; the CPU runs `L`; `V * width <= 16`; `K` is 0 or `queries.len() / H`.
 #[inline(always)]
-unsafe fn dots_with<L: Lanes, T: KeyElement, const H: usize>(
+unsafe fn dots_with<L: Lanes, T: KeyElement, const H: usize, const V: usize, const P: usize, const K: usize>(
     queries: &[f32],
     keys: *const T,
     stride: usize,
     horizontal: bool,
     out: *mut f32,
 ) {
-    let k = queries.len() / H;
-    // SAFETY: the caller's promise for every `e < k`.
-    let key = |e: usize| unsafe { L::load(keys.add(e * stride)) };
-    let q = |h: usize, e: usize| queries[h * k + e];
+    // A head size known at compile time (`K`, or 0 for any) unrolls every loop below.
+    let k = if K == 0 { queries.len() / H } else { K };
+    assert!(queries.len() == H * k);
+    let width = L::WIDTH;
+    // SAFETY: the caller's promise for every `e < k` and `v < V`.
+    let key = |v: usize, e: usize| unsafe { L::load(keys.add(e * stride + v * width)) };
+    // SAFETY: `h < H` and `e < k` at every call below; `queries` has `H k` elements.
+    let q = |h: usize, e: usize| unsafe { *queries.get_unchecked(h * k + e) };
     // SAFETY: the CPU runs `L` (the caller's promise).
     unsafe {
-        let sums: [L::V; H] = if horizontal {
+        let sums: [[L::V; V]; H] = if horizontal {
             // Element `at` goes to accumulator `at % 8`; constant indices keep the
             // accumulators in registers.
-            let mut acc = [[L::zero(); 8]; H];
             let full = k / 8 * 8;
-            let mut at = 0;
-            while at < full {
-                for l in 0..8 {
-                    let x = key(at + l);
-                    for (h, acc) in acc.iter_mut().enumerate() {
-                        acc[l] = L::fma(q(h, at + l), x, acc[l]);
-                    }
-                }
-                at += 8;
-            }
-            for l in 0..8 {
-                if full + l < k {
-                    let x = key(full + l);
-                    for (h, acc) in acc.iter_mut().enumerate() {
-                        acc[l] = L::fma(q(h, full + l), x, acc[l]);
-                    }
-                }
-            }
-            std::array::from_fn(|h| {
-                let x: [L::V; 4] = std::array::from_fn(|l| L::add(acc[h][l], acc[h][l + 4]));
-                L::add(L::add(x[0], x[2]), L::add(x[1], x[3]))
-            })
-        } else {
-            let blocks = k / 64 * 64;
-            let mut sums = [L::zero(); H];
-            for l in 0..8 {
-                // Lane `l` of the reference's eight accumulators over blocks of 64, reduced
-                // pairwise, then its 8-element blocks; lanes are independent, so one at a
-                // time (8 live vectors per head instead of 64).
-                let mut acc = [[L::zero(); 8]; H];
-                let mut depth = 0;
-                while depth < blocks {
-                    for i in 0..8 {
-                        let x = key(depth + 8 * i + l);
+            let mut pairs = [[[L::zero(); 4]; V]; H];
+            for group in 0..8 / P {
+                let lanes: [usize; P] = std::array::from_fn(|i| HORIZONTAL_PAIRS[group * P + i]);
+                let mut acc = [[[L::zero(); P]; V]; H];
+                let mut at = 0;
+                while at < full {
+                    for (i, &l) in lanes.iter().enumerate() {
+                        let x: [L::V; V] = std::array::from_fn(|v| key(v, at + l));
                         for (h, acc) in acc.iter_mut().enumerate() {
-                            acc[i] = L::fma(q(h, depth + 8 * i + l), x, acc[i]);
+                            for (acc, x) in acc.iter_mut().zip(&x) {
+                                acc[i] = L::fma(q(h, at + l), *x, acc[i]);
+                            }
                         }
                     }
-                    depth += 64;
+                    at += 8;
                 }
-                for (h, acc) in acc.iter().enumerate() {
-                    let pair = |x: usize, y: usize| L::add(acc[x], acc[y]);
-                    let mut lane = L::add(L::add(pair(0, 1), pair(2, 3)), L::add(pair(4, 5), pair(6, 7)));
-                    let mut depth = blocks;
-                    while depth + 8 <= k {
-                        lane = L::fma(q(h, depth + l), key(depth + l), lane);
-                        depth += 8;
+                for (i, &l) in lanes.iter().enumerate() {
+                    if full + l < k {
+                        let x: [L::V; V] = std::array::from_fn(|v| key(v, full + l));
+                        for (h, acc) in acc.iter_mut().enumerate() {
+                            for (acc, x) in acc.iter_mut().zip(&x) {
+                                acc[i] = L::fma(q(h, full + l), *x, acc[i]);
+                            }
+                        }
                     }
-                    sums[h] = if l == 0 { lane } else { L::add(sums[h], lane) };
+                }
+                for (acc, pairs) in acc.iter().zip(pairs.iter_mut()) {
+                    for (acc, pairs) in acc.iter().zip(pairs.iter_mut()) {
+                        for i in 0..P / 2 {
+                            pairs[group * P / 2 + i] = L::add(acc[2 * i], acc[2 * i + 1]);
+                        }
+                    }
+                }
+            }
+            pairs.map(|pairs| pairs.map(|x| L::add(L::add(x[0], x[1]), L::add(x[2], x[3]))))
+        } else {
+            let blocks = k / 64 * 64;
+            let mut sums = [[L::zero(); V]; H];
+            for l in 0..8 {
+                // Lane `l` of the reference's eight accumulators over blocks of 64, reduced
+                // as ((0+1)+(2+3))+((4+5)+(6+7)), then its 8-element blocks; lanes are
+                // independent, so one at a time, and each accumulator pair is added as soon
+                // as it is complete.
+                let mut quads = [[[L::zero(); 2]; V]; H];
+                for quad in 0..2 {
+                    let mut pairs = [[[L::zero(); 2]; V]; H];
+                    for pair in 0..2 {
+                        let mut acc = [[[L::zero(); 2]; V]; H];
+                        for j in 0..2 {
+                            let i = 4 * quad + 2 * pair + j;
+                            let mut depth = 0;
+                            while depth < blocks {
+                                let e = depth + 8 * i + l;
+                                let x: [L::V; V] = std::array::from_fn(|v| key(v, e));
+                                for (h, acc) in acc.iter_mut().enumerate() {
+                                    for (acc, x) in acc.iter_mut().zip(&x) {
+                                        acc[j] = L::fma(q(h, e), *x, acc[j]);
+                                    }
+                                }
+                                depth += 64;
+                            }
+                        }
+                        for (acc, pairs) in acc.iter().zip(pairs.iter_mut()) {
+                            for (acc, pairs) in acc.iter().zip(pairs.iter_mut()) {
+                                pairs[pair] = L::add(acc[0], acc[1]);
+                            }
+                        }
+                    }
+                    for (pairs, quads) in pairs.iter().zip(quads.iter_mut()) {
+                        for (pairs, quads) in pairs.iter().zip(quads.iter_mut()) {
+                            quads[quad] = L::add(pairs[0], pairs[1]);
+                        }
+                    }
+                }
+                for (h, (quads, sums)) in quads.iter().zip(sums.iter_mut()).enumerate() {
+                    for (v, (quads, sum)) in quads.iter().zip(sums.iter_mut()).enumerate() {
+                        let mut lane = L::add(quads[0], quads[1]);
+                        let mut depth = blocks;
+                        while depth + 8 <= k {
+                            lane = L::fma(q(h, depth + l), key(v, depth + l), lane);
+                            depth += 8;
+                        }
+                        *sum = if l == 0 { lane } else { L::add(*sum, lane) };
+                    }
                 }
             }
             for at in k / 8 * 8..k {
-                let x = key(at);
-                for (h, sum) in sums.iter_mut().enumerate() {
-                    *sum = L::fma(q(h, at), x, *sum);
+                let x: [L::V; V] = std::array::from_fn(|v| key(v, at));
+                for (h, sums) in sums.iter_mut().enumerate() {
+                    for (sum, x) in sums.iter_mut().zip(&x) {
+                        *sum = L::fma(q(h, at), *x, *sum);
+                    }
                 }
             }
             sums
         };
-        for (h, sum) in sums.iter().enumerate() {
-            L::store(*sum, out.add(16 * h));
+        for (h, sums) in sums.iter().enumerate() {
+            for (v, sum) in sums.iter().enumerate() {
+                L::store(*sum, out.add(16 * h + v * width));
+            }
         }
     }
 }

@@ -1,0 +1,84 @@
+//! The attention score kernels alone: `cargo bench -p dspark-host --bench key_scores`. One
+//! thread computes a head group's scores over a sequence's key-major cache blocks (16 keys
+//! per block, f16 keys, as the CPU cache stores them) for SmolLM2's and Qwen2.5's head
+//! groups (3 and 7 query heads per kv head, head size 64), at 1,024 keys (the matrix-vector
+//! order, serving contexts) and 192 keys (the short-context horizontal order), with every
+//! vector width this CPU has. Prints the median and minimum nanoseconds per (head, key):
+//! the minimum is the kernel undisturbed, the figure to compare two versions by. A first
+//! argument not starting with `-` keeps only the widths whose name contains it (`-- Avx2`).
+
+use std::time::Instant;
+
+use dspark_host::engine::backend::key_scores::{KeyLanes, append_block_scores};
+use half::f16;
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn main() {
+    const BLOCK: usize = 16;
+    const HEAD_DIM: usize = 64;
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let widths: Vec<KeyLanes> = [KeyLanes::Scalar, KeyLanes::Avx2, KeyLanes::Avx512]
+        .into_iter()
+        .filter(|&w| w == KeyLanes::Scalar || KeyLanes::detect(BLOCK).width() >= w.width())
+        .filter(|w| filter.as_deref().is_none_or(|f| format!("{w:?}").contains(f)))
+        .collect();
+    println!("{:<8} {:>6} {:>6} {:<12} {:>12} {:>12}", "heads", "keys", "order", "width", "median ns", "min ns");
+    for heads in [3usize, 7] {
+        for keys in [1024usize, 192] {
+            let blocks = keys / BLOCK;
+            let cache: Vec<f16> =
+                values(blocks * BLOCK * HEAD_DIM, keys as u64).into_iter().map(f16::from_f32).collect();
+            let queries = values(heads * HEAD_DIM, heads as u64);
+            let horizontal = keys <= 256;
+            for &lanes in &widths {
+                let mut scores = vec![Vec::with_capacity(keys); heads];
+                let mut run = || {
+                    scores.iter_mut().for_each(Vec::clear);
+                    for block in cache.chunks_exact(BLOCK * HEAD_DIM) {
+                        append_block_scores(
+                            lanes,
+                            &queries,
+                            HEAD_DIM,
+                            block,
+                            BLOCK,
+                            BLOCK,
+                            horizontal,
+                            0.125,
+                            &mut scores,
+                        );
+                    }
+                    std::hint::black_box(&scores);
+                };
+                run();
+                let mut times: Vec<f64> = (0..2000)
+                    .map(|_| {
+                        let t = Instant::now();
+                        run();
+                        t.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                times.sort_by(f64::total_cmp);
+                let per = (heads * keys) as f64 / 1e9;
+                let order = if horizontal { "horiz" } else { "matvec" };
+                println!(
+                    "{heads:<8} {keys:>6} {order:>6} {:<12} {:>12.3} {:>12.3}",
+                    format!("{lanes:?}"),
+                    times[times.len() / 2] / per,
+                    times[0] / per
+                );
+            }
+        }
+    }
+}
