@@ -618,7 +618,7 @@ fn attend<T: KvElement>(
             }
             // SAFETY: every offset starts a value of `head_dim` elements inside `values`;
             // `weighted_sum_heads` checks the CPU's features and the sizes itself.
-            if lanes == KeyLanes::Avx512 && unsafe { simd::weighted_sum_heads(scores, offsets, values, out) } {
+            if lanes != KeyLanes::Scalar && unsafe { simd::weighted_sum_heads(scores, offsets, values, out) } {
                 return;
             }
             for (scores, out) in scores.iter().zip(out.chunks_exact_mut(head_dim)) {
@@ -793,8 +793,10 @@ mod simd {
     /// `out[h] += sum_j weights[h][j] * values[offsets[j]..]` for every head `h` of a group
     /// (`out` holds the heads one after the other), each element in key order with one fused
     /// multiply-add per key, as [`weighted_sum`] computes each head alone; but each value is
-    /// loaded and widened once for up to four heads, in 16-lane vectors. Returns false,
-    /// doing nothing, where the CPU lacks AVX-512 F or the head size is not 64 or 128.
+    /// loaded and widened once for several heads: up to four in 16-lane vectors with AVX-512
+    /// F; with AVX2, three heads over 16 elements at a time (or two over 32, or one over 64),
+    /// so the accumulators, the value's vectors and the weights fit the 16 registers. Returns
+    /// false, doing nothing, where the CPU lacks AVX2 or the head size is not 64 or 128.
     ///
     /// # Safety
     /// Every `offsets[j] + out.len() / weights.len()` is within `values`; every
@@ -807,25 +809,42 @@ mod simd {
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            if !std::arch::is_x86_feature_detected!("avx512f") || weights.is_empty() {
+            use std::arch::is_x86_feature_detected as has;
+            if weights.is_empty() {
                 return false;
             }
             let head_dim = out.len() / weights.len();
             if head_dim != 64 && head_dim != 128 {
                 return false;
             }
-            for (weights, out) in weights.chunks(4).zip(out.chunks_mut(4 * head_dim)) {
-                // SAFETY: the caller's promise; AVX-512 F checked above.
+            if has!("avx512f") {
+                for (weights, out) in weights.chunks(4).zip(out.chunks_mut(4 * head_dim)) {
+                    // SAFETY: the caller's promise; AVX-512 F checked above.
+                    unsafe {
+                        match (weights.len(), head_dim) {
+                            (1, 64) => heads_avx512::<T, 1, 4>(weights, offsets, values, out),
+                            (2, 64) => heads_avx512::<T, 2, 4>(weights, offsets, values, out),
+                            (3, 64) => heads_avx512::<T, 3, 4>(weights, offsets, values, out),
+                            (4, 64) => heads_avx512::<T, 4, 4>(weights, offsets, values, out),
+                            (1, _) => heads_avx512::<T, 1, 8>(weights, offsets, values, out),
+                            (2, _) => heads_avx512::<T, 2, 8>(weights, offsets, values, out),
+                            (3, _) => heads_avx512::<T, 3, 8>(weights, offsets, values, out),
+                            _ => heads_avx512::<T, 4, 8>(weights, offsets, values, out),
+                        }
+                    }
+                }
+                return true;
+            }
+            if !(has!("avx2") && has!("fma") && has!("f16c")) {
+                return false;
+            }
+            for (weights, out) in weights.chunks(3).zip(out.chunks_mut(3 * head_dim)) {
+                // SAFETY: the caller's promise; AVX2, FMA and F16C checked above.
                 unsafe {
-                    match (weights.len(), head_dim) {
-                        (1, 64) => heads_avx512::<T, 1, 4>(weights, offsets, values, out),
-                        (2, 64) => heads_avx512::<T, 2, 4>(weights, offsets, values, out),
-                        (3, 64) => heads_avx512::<T, 3, 4>(weights, offsets, values, out),
-                        (4, 64) => heads_avx512::<T, 4, 4>(weights, offsets, values, out),
-                        (1, _) => heads_avx512::<T, 1, 8>(weights, offsets, values, out),
-                        (2, _) => heads_avx512::<T, 2, 8>(weights, offsets, values, out),
-                        (3, _) => heads_avx512::<T, 3, 8>(weights, offsets, values, out),
-                        _ => heads_avx512::<T, 4, 8>(weights, offsets, values, out),
+                    match weights.len() {
+                        1 => heads_avx2::<T, 1, 8>(weights, offsets, values, out),
+                        2 => heads_avx2::<T, 2, 4>(weights, offsets, values, out),
+                        _ => heads_avx2::<T, 3, 2>(weights, offsets, values, out),
                     }
                 }
             }
@@ -835,6 +854,45 @@ mod simd {
         {
             let _ = (weights, offsets, values, out);
             false
+        }
+    }
+
+    /// [`weighted_sum_heads`] with AVX2 for `H` heads, `8 S` elements of each at a time (the
+    /// head size a multiple of `8 S`), the accumulators in registers.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn heads_avx2<T: KeyElement, const H: usize, const S: usize>(
+        weights: &[Vec<f32>],
+        offsets: &[usize],
+        values: &[T],
+        out: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        let head_dim = out.len() / H;
+        debug_assert!(weights.len() == H && head_dim.is_multiple_of(8 * S));
+        let weights: [&[f32]; H] = std::array::from_fn(|h| &weights[h][..offsets.len()]);
+        // SAFETY: `out` has `H * head_dim` elements; the caller's promise for the values;
+        // `j < offsets.len()`, the length of every `weights[h]`.
+        unsafe {
+            for slice in (0..head_dim).step_by(8 * S) {
+                let at = |h: usize, s: usize| h * head_dim + slice + 8 * s;
+                let mut acc: [[__m256; S]; H] =
+                    std::array::from_fn(|h| std::array::from_fn(|s| _mm256_loadu_ps(out.as_ptr().add(at(h, s)))));
+                for (j, &o) in offsets.iter().enumerate() {
+                    let value: [__m256; S] = std::array::from_fn(|s| T::load8(values.as_ptr().add(o + slice + 8 * s)));
+                    for (acc, weights) in acc.iter_mut().zip(&weights) {
+                        let w = _mm256_set1_ps(*weights.get_unchecked(j));
+                        for (a, x) in acc.iter_mut().zip(&value) {
+                            *a = _mm256_fmadd_ps(w, *x, *a);
+                        }
+                    }
+                }
+                for (h, acc) in acc.iter().enumerate() {
+                    for (s, a) in acc.iter().enumerate() {
+                        _mm256_storeu_ps(out.as_mut_ptr().add(at(h, s)), *a);
+                    }
+                }
+            }
         }
     }
 
@@ -955,6 +1013,35 @@ mod tests {
                     }
                 }
                 assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()), "weighted sum");
+            }
+        }
+        // A head group's weighted sums, each value loaded once for several heads, equal each
+        // head's key-by-key fused multiply-adds, for every group size the models have
+        // (chunks of 3, 2 and 1 with AVX2, of 4 to 1 with AVX-512) and both head sizes.
+        for head_dim in [64usize, 128] {
+            let keys = 37;
+            let values16: Vec<f16> = values(keys * head_dim + 5, 11).iter().map(|&v| f16::from_f32(v)).collect();
+            let offsets: Vec<usize> = (0..keys).map(|j| (j * 7 % keys) * head_dim + j % 2).collect();
+            for heads in 1..=7usize {
+                let weights: Vec<Vec<f32>> = (0..heads).map(|h| values(keys, 40 + h as u32)).collect();
+                let start = values(heads * head_dim, 3);
+                let mut fast = start.clone();
+                if !unsafe { simd::weighted_sum_heads(&weights, &offsets, &values16, &mut fast) } {
+                    // Only where the CPU lacks AVX2 (never on this project's machines).
+                    #[cfg(target_arch = "x86_64")]
+                    assert!(!std::arch::is_x86_feature_detected!("avx2"));
+                    continue;
+                }
+                let mut slow = start.clone();
+                for (h, out) in slow.chunks_exact_mut(head_dim).enumerate() {
+                    for (&w, &o) in weights[h].iter().zip(&offsets) {
+                        for (e, out) in out.iter_mut().enumerate() {
+                            *out = w.mul_add(values16[o + e].to_f32(), *out);
+                        }
+                    }
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&slow), "{heads} heads of {head_dim}");
             }
         }
     }
