@@ -7,23 +7,13 @@
 //! the minimum is the kernel undisturbed, the figure to compare two versions by. A first
 //! argument not starting with `-` keeps only the widths whose name contains it (`-- Avx2`).
 
+mod common;
+
+use common::values;
 use std::time::Instant;
 
 use dspark_host::engine::backend::key_scores::{KeyLanes, append_block_scores};
 use half::f16;
-
-/// Deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
 
 fn main() {
     const BLOCK: usize = 16;

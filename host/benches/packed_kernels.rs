@@ -7,24 +7,14 @@
 //! figure to compare two versions of a kernel by. A first argument not starting with `-`
 //! keeps only the products whose name contains it (`cargo bench ... -- Q4_1`).
 
+mod common;
+
+use common::values;
 use std::time::Instant;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use dspark_host::engine::backend::packed::{Isa, Packed};
-
-/// Deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
 
 /// Median and minimum seconds of `run` over enough repetitions to fill about half a second.
 fn median_secs(mut run: impl FnMut()) -> (f64, f64) {
