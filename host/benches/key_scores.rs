@@ -9,9 +9,7 @@
 
 mod common;
 
-use common::values;
-use std::time::Instant;
-
+use common::{median_secs, values};
 use dspark_host::engine::backend::key_scores::{KeyLanes, append_block_scores};
 use half::f16;
 
@@ -34,7 +32,7 @@ fn main() {
             let horizontal = keys <= 256;
             for &lanes in &widths {
                 let mut scores = vec![Vec::with_capacity(keys); heads];
-                let mut run = || {
+                let run = || {
                     scores.iter_mut().for_each(Vec::clear);
                     for block in cache.chunks_exact(BLOCK * HEAD_DIM) {
                         append_block_scores(
@@ -51,22 +49,14 @@ fn main() {
                     }
                     std::hint::black_box(&scores);
                 };
-                run();
-                let mut times: Vec<f64> = (0..2000)
-                    .map(|_| {
-                        let t = Instant::now();
-                        run();
-                        t.elapsed().as_secs_f64()
-                    })
-                    .collect();
-                times.sort_by(f64::total_cmp);
+                let (median, min) = median_secs(2000, run);
                 let per = (heads * keys) as f64 / 1e9;
                 let order = if horizontal { "horiz" } else { "matvec" };
                 println!(
                     "{heads:<8} {keys:>6} {order:>6} {:<12} {:>12.3} {:>12.3}",
                     format!("{lanes:?}"),
-                    times[times.len() / 2] / per,
-                    times[0] / per
+                    median / per,
+                    min / per
                 );
             }
         }

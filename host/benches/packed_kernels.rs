@@ -9,30 +9,11 @@
 
 mod common;
 
-use common::values;
-use std::time::Instant;
+use common::{median_secs, values};
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use dspark_host::engine::backend::packed::{Isa, Packed};
-
-/// Median and minimum seconds of `run` over enough repetitions to fill about half a second.
-fn median_secs(mut run: impl FnMut()) -> (f64, f64) {
-    run();
-    let start = Instant::now();
-    run();
-    let once = start.elapsed().as_secs_f64().max(1e-6);
-    let reps = ((0.5 / once) as usize).clamp(5, 400);
-    let mut times: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            run();
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    (times[reps / 2], times[0])
-}
 
 fn main() -> anyhow::Result<()> {
     let shapes = [
@@ -69,7 +50,7 @@ fn main() -> anyhow::Result<()> {
                 );
             };
             for isa in [Isa::Avx512Vnni, Isa::Avx2].into_iter().filter(|i| i.available()) {
-                let secs = median_secs(|| {
+                let secs = median_secs(400, || {
                     std::hint::black_box(packed.matmul_with(isa, &x, rows));
                 });
                 report(&format!("{isa:?}"), secs);
@@ -79,13 +60,13 @@ fn main() -> anyhow::Result<()> {
                     // tokens in `dspark bench`'s orders workload). GB/s and GMAC/s count the
                     // whole matrix, so they read as the full product's equivalent.
                     let wanted = |_: usize, g: usize| g.is_multiple_of(5);
-                    let secs = median_secs(|| {
+                    let secs = median_secs(400, || {
                         std::hint::black_box(packed.matmul_selected_with(isa, &x, rows, &wanted, f32::NEG_INFINITY));
                     });
                     report(&format!("{isa:?} 1/5"), secs);
                 }
             }
-            let secs = median_secs(|| {
+            let secs = median_secs(400, || {
                 std::hint::black_box(reference.forward(&input).ok());
             });
             report("candle", secs);
