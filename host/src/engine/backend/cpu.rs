@@ -507,6 +507,34 @@ impl Backend for CpuBackend {
     }
 }
 
+/// The environment variable that bounds how long candle's worker threads spin for the next
+/// product before they sleep (candle-core's barrier pool; its default is 25,000 rounds).
+pub const CANDLE_SPIN_VARIABLE: &str = "CANDLE_BARRIER_POOL_SPIN_LIMIT";
+
+/// The spin bound [`quiet_candle_workers`] sets: a few microseconds, enough to catch the next
+/// product of a layer without parking.
+pub const CANDLE_SPIN_LIMIT: &str = "100";
+
+/// Stops candle's worker threads from spinning between products, unless the user chose a
+/// bound in [`CANDLE_SPIN_VARIABLE`] already.
+///
+/// candle multiplies the formats the packed kernels do not take (Q4_K, Q6_K: the down
+/// projections of Qwen2.5's Q4_K_M file) on its own pool, whose workers spin for about half
+/// a millisecond after each product. Everything between those products runs on rayon's
+/// threads, so on a 2-core machine the spinning worker took a core from them: decoding
+/// Qwen2.5-0.5B one token at a time ran at 35 tokens/s with the default and 50 with this bound
+/// (`dspark generate`, `docs/benchmarks.md`).
+///
+/// # Safety
+/// Sets an environment variable: call it before the process starts any other thread (at the
+/// top of `main`), as [`std::env::set_var`] requires.
+pub unsafe fn quiet_candle_workers() {
+    if std::env::var_os(CANDLE_SPIN_VARIABLE).is_none() {
+        // SAFETY: the caller's promise: no other thread reads the environment yet.
+        unsafe { std::env::set_var(CANDLE_SPIN_VARIABLE, CANDLE_SPIN_LIMIT) };
+    }
+}
+
 /// Below this many values an element-wise pass runs on the calling thread: waking the
 /// pool costs more than the work.
 const PARALLEL_MIN_VALUES: usize = 8 * 1024;
