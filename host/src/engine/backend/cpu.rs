@@ -521,9 +521,9 @@ pub const CANDLE_SPIN_LIMIT: &str = "100";
 /// candle multiplies the formats the packed kernels do not take (Q4_K, Q6_K: the down
 /// projections of Qwen2.5's Q4_K_M file) on its own pool, whose workers spin for about half
 /// a millisecond after each product. Everything between those products runs on rayon's
-/// threads, so on a 2-core machine the spinning worker took a core from them: decoding
-/// Qwen2.5-0.5B one token at a time ran at 35 tokens/s with the default and 50 with this bound
-/// (`dspark generate`, `docs/benchmarks.md`).
+/// threads, so on a 2-core machine the spinning worker took a core from them: `dspark
+/// generate` decoded Qwen2.5-0.5B at 33 tokens/s before and 46-48 with this bound
+/// (`docs/benchmarks.md`).
 ///
 /// # Safety
 /// Sets an environment variable: call it before the process starts any other thread (at the
