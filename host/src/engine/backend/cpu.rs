@@ -118,9 +118,11 @@ impl KvElement for f32 {
 /// The CPU backend.
 #[derive(Clone, Copy, Debug)]
 pub struct CpuBackend {
-    /// Multiply rows one at a time where candle's kernel for several rows rounds differently
-    /// from its kernel for one (Q4_K, Q6_K), and never use the dense path, so a row's result
-    /// never depends on its batch. Costs batch throughput; vLLM calls this batch-invariant mode.
+    /// Split Q4_K and Q6_K products into calls that reach one candle kernel whatever the row
+    /// count (candle picks its kernel by the number of rows, see `invariant_calls`), and never
+    /// use the dense path, so a row's result never depends on its batch. vLLM calls this
+    /// batch-invariant mode. It costs the dense path's batch throughput, and a lone Q6_K row
+    /// pays for a second copy of itself in the tiles.
     pub batch_invariant: bool,
     /// From this many rows on, multiply with a dense f32 copy of the weights (made on first
     /// use) through candle's f32 GEMM instead of the quantised kernels. The quantised kernels
@@ -158,9 +160,35 @@ impl CpuBackend {
     }
 }
 
-/// Formats whose candle kernel for several rows is not the one-row kernel.
-fn rows_interact(dtype: GgmlDType) -> bool {
-    matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K)
+/// How to split `rows` rows into candle calls so that every row of an `(n, k)` matrix of
+/// `dtype` goes through the same candle kernel whatever its batch: call sizes, in order, and
+/// whether a lone row must be sent twice.
+///
+/// candle-core 0.11.1 computes each row of a quantised product on its own (no sum mixes rows),
+/// but picks the kernel by the number of rows: on x86-64, Q6_K matrices whose shape fits its
+/// repacked tiles (`n % 16 == 0`, `k % 256 == 0`) take the tiles from two rows on and a dot
+/// product per column for one row, and Q4_K takes AMX tiles from 32 rows on where the CPU has
+/// AMX. So calls of 2 to 31 rows reach one kernel, and a single row is padded with a copy of
+/// itself (its result is read from the first copy). Where the tiles do not apply candle uses
+/// the same kernel for any count. Other architectures keep one row per call, which is always
+/// the one-row kernel. The reference-parity and batch tests on Qwen2.5 (whose down projections
+/// are Q4_K and Q6_K) and `invariant_calls_give_each_row_its_result_alone` check the claim.
+fn invariant_calls(dtype: GgmlDType, rows: usize, (n, k): (usize, usize)) -> (Vec<usize>, bool) {
+    /// The largest call that stays below candle's AMX threshold.
+    const MAX_CALL_ROWS: usize = 31;
+    if !matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) {
+        return (vec![rows], false);
+    }
+    if !cfg!(target_arch = "x86_64") {
+        return (vec![1; rows], false);
+    }
+    let tiled = n % 16 == 0 && k % 256 == 0;
+    if rows == 1 {
+        return (vec![1], tiled && dtype == GgmlDType::Q6K);
+    }
+    // Near-equal calls, so none is a lone row.
+    let calls = rows.div_ceil(MAX_CALL_ROWS);
+    ((0..calls).map(|c| rows * (c + 1) / calls - rows * c / calls).collect(), false)
 }
 
 fn candle(e: candle_core::Error) -> anyhow::Error {
@@ -273,12 +301,23 @@ impl Backend for CpuBackend {
             };
             product.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(candle)
         };
-        let mut data = if self.batch_invariant && x.rows > 1 && rows_interact(weight.tensor.dtype()) {
-            let mut data = Vec::with_capacity(x.rows * out);
-            for row in x.data.chunks_exact(x.cols) {
-                data.extend(multiply(row)?);
+        let mut data = if self.batch_invariant && weight.packed.is_none() {
+            let (calls, pad_lone_row) = invariant_calls(weight.tensor.dtype(), x.rows, (out, inner));
+            if pad_lone_row {
+                let mut twice = multiply(&[x.data.as_slice(), x.data.as_slice()].concat())?;
+                twice.truncate(out);
+                twice
+            } else if calls.len() == 1 {
+                multiply(&x.data)?
+            } else {
+                let mut data = Vec::with_capacity(x.rows * out);
+                let mut first = 0;
+                for rows in calls {
+                    data.extend(multiply(&x.data[first * x.cols..(first + rows) * x.cols])?);
+                    first += rows;
+                }
+                data
             }
-            data
         } else {
             multiply(&x.data)?
         };
@@ -1011,6 +1050,47 @@ mod tests {
                 (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
             })
             .collect()
+    }
+
+    /// Under `batch_invariant`, every row of a Q4_K or Q6_K product equals the same row
+    /// multiplied alone, bit for bit, at row counts on both sides of candle's kernel switches
+    /// (one row, 32 rows) and for shapes with and without candle's repacked tiles.
+    #[test]
+    fn invariant_calls_give_each_row_its_result_alone() {
+        let backend = CpuBackend::batch_invariant();
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            for (n, k) in [(32usize, 512usize), (20, 512)] {
+                let w = Tensor::from_vec(values(n * k, 3), (n, k), &Device::Cpu).unwrap();
+                let weight = backend.matrix(QTensor::quantize(&w, dtype).unwrap()).unwrap();
+                let x = values(40 * k, 9);
+                let alone: Vec<Vec<f32>> = x
+                    .chunks_exact(k)
+                    .map(|row| {
+                        let one = CpuTensor { rows: 1, cols: k, data: row.to_vec() };
+                        backend.linear(&one, &weight, None).unwrap().data
+                    })
+                    .collect();
+                for rows in [2usize, 3, 31, 32, 33, 40] {
+                    let batch = CpuTensor { rows, cols: k, data: x[..rows * k].to_vec() };
+                    let got = backend.linear(&batch, &weight, None).unwrap();
+                    for (r, want) in alone.iter().take(rows).enumerate() {
+                        let row = &got.data[r * n..(r + 1) * n];
+                        assert!(
+                            row.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{dtype:?} {n}x{k}: row {r} of {rows} differs from the row alone"
+                        );
+                    }
+                }
+                if dtype == GgmlDType::Q6K && n % 16 == 0 && cfg!(target_arch = "x86_64") {
+                    // The test discriminates: candle's one-row and two-row kernels disagree here.
+                    let one = Tensor::from_slice(&x[..k], (1, k), &Device::Cpu).unwrap();
+                    let two = Tensor::from_slice(&x[..2 * k], (2, k), &Device::Cpu).unwrap();
+                    let one = weight.matmul.forward(&one).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    let two = weight.matmul.forward(&two).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    assert_ne!(one, two[..n], "candle's Q6_K kernels agreed; the data does not test the split");
+                }
+            }
+        }
     }
 
     /// The vector loops of the weighted sum give the scalar loops' results bit for bit, for
