@@ -1,6 +1,6 @@
 //! The packed matrix kernels alone, per instruction set: `cargo bench -p dspark-host --bench
 //! packed_kernels`. For each of SmolLM2's product shapes (the gate/up, down and output
-//! projections) and 1, 4 and 16 rows, the median time of a product, the weight bytes streamed
+//! projections), and Qwen2.5's that the packed kernels take, and 1, 4, 8 and 16 rows, the median time of a product, the weight bytes streamed
 //! per second and the multiply-adds per second, with the AVX-512 VNNI and AVX2 kernels where
 //! this CPU has them and candle's own kernel beside them. Medians and minimums of repeated
 //! runs, since these machines are shared and noisy: the minimum is the kernel undisturbed, the
@@ -21,6 +21,8 @@ fn main() -> anyhow::Result<()> {
         ("down 576x1536 Q4_1", GgmlDType::Q4_1, 576, 1536),
         ("output 49152x576 Q8_0", GgmlDType::Q8_0, 49152, 576),
         ("Qwen ffn 4864x896 Q5_0", GgmlDType::Q5_0, 4864, 896),
+        ("Qwen down 896x4864 Q4_K", GgmlDType::Q4K, 896, 4864),
+        ("Qwen down 896x4864 Q6_K", GgmlDType::Q6K, 896, 4864),
     ];
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     println!(
@@ -36,7 +38,7 @@ fn main() -> anyhow::Result<()> {
         let bytes = q.storage_size_in_bytes();
         let packed = Packed::new(dtype, &q.data()?, n, k).ok_or_else(|| anyhow::anyhow!("{name}: not packable"))?;
         let reference = QMatMul::from_qtensor(q)?;
-        for rows in [1usize, 4, 16] {
+        for rows in [1usize, 4, 8, 16] {
             let x = values(rows * k, rows as u64);
             let input = Tensor::from_slice(&x, (rows, k), &Device::Cpu)?;
             let report = |kernel: &str, (secs, min): (f64, f64)| {

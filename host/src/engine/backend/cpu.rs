@@ -210,7 +210,9 @@ impl Backend for CpuBackend {
             bail!("a weight matrix must have two dimensions, got {:?}", weight.shape());
         }
         let packed = match weight.dtype() {
-            GgmlDType::Q4_1 | GgmlDType::Q8_0 | GgmlDType::Q5_0 if packed::supported() => {
+            GgmlDType::Q4_1 | GgmlDType::Q8_0 | GgmlDType::Q5_0 | GgmlDType::Q4K | GgmlDType::Q6K
+                if packed::supported() =>
+            {
                 let (n, k) = weight.shape().dims2().map_err(candle)?;
                 Packed::new(weight.dtype(), &weight.data().map_err(candle)?, n, k)
             }

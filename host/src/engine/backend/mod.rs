@@ -14,6 +14,7 @@ pub mod cuda;
 pub mod expf;
 pub mod key_scores;
 pub mod packed;
+pub mod packed_k;
 
 use candle_core::quantized::QTensor;
 

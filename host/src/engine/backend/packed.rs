@@ -1,7 +1,8 @@
 //! Matrix products for x86 CPUs that give exactly candle's results, for the formats of the two
 //! test models: Q4_1 (SmolLM2's layers), Q8_0 (SmolLM2's embedding, tied
 //! to the output projection; Qwen2.5's output and value projections) and Q5_0 (most of
-//! Qwen2.5's layers).
+//! Qwen2.5's layers). Q4_K and Q6_K (Qwen2.5's down projections) are [`super::packed_k`]'s,
+//! behind the same [`Packed`] type.
 //!
 //! candle multiplies Q4_1 and Q5_0 with portable scalar loops and Q8_0 with AVX2, one row and one
 //! output at a time, re-reading and unpacking every weight block for every row. These kernels
@@ -38,6 +39,8 @@
 //! Q5_0's plus 16 and `16 x (sum of the block's activations)`.
 
 use half::f16;
+
+use super::packed_k::PackedK;
 
 /// Values per Q4_1 / Q8_1 block.
 const BLOCK: usize = 32;
@@ -108,6 +111,8 @@ pub enum Packed {
     Q8_0(PackedQ8_0),
     /// Q5_0 weights.
     Q5_0(PackedQ5_0),
+    /// Q4_K or Q6_K weights, in candle's tiles.
+    K(PackedK),
 }
 
 impl Packed {
@@ -119,6 +124,8 @@ impl Packed {
             GgmlDType::Q4_1 => PackedQ4_1::new(raw, n, k).map(Self::Q4_1),
             GgmlDType::Q8_0 => PackedQ8_0::new(raw, n, k).map(Self::Q8_0),
             GgmlDType::Q5_0 => PackedQ5_0::new(raw, n, k).map(Self::Q5_0),
+            GgmlDType::Q4K => PackedK::new(false, raw, n, k).map(Self::K),
+            GgmlDType::Q6K => PackedK::new(true, raw, n, k).map(Self::K),
             _ => None,
         }
     }
@@ -129,6 +136,7 @@ impl Packed {
             Self::Q4_1(p) => p.bytes(),
             Self::Q8_0(p) => p.bytes(),
             Self::Q5_0(p) => p.bytes(),
+            Self::K(p) => p.bytes(),
         }
     }
 
@@ -143,6 +151,7 @@ impl Packed {
             Self::Q4_1(p) => p.matmul_with(isa, x, rows, None, 0.0),
             Self::Q8_0(p) => p.matmul_with(isa, x, rows, None, 0.0),
             Self::Q5_0(p) => p.matmul_with(isa, x, rows, None, 0.0),
+            Self::K(p) => p.matmul_with(isa, x, rows, None, 0.0),
         }
     }
 
@@ -168,6 +177,7 @@ impl Packed {
             Self::Q4_1(p) => p.matmul_with(isa, x, rows, Some(wanted), fill),
             Self::Q8_0(p) => p.matmul_with(isa, x, rows, Some(wanted), fill),
             Self::Q5_0(p) => p.matmul_with(isa, x, rows, Some(wanted), fill),
+            Self::K(p) => p.matmul_with(isa, x, rows, Some(wanted), fill),
         }
     }
 }
@@ -235,7 +245,7 @@ const PASS_ROWS: usize = 32;
 /// Runs `tile(r0, r1, g)` over every (row tile, column group), spread over rayon's threads by
 /// column groups; each call writes only its own outputs. With `wanted`, only the (row, group)
 /// blocks it asks for: a tile is then a run of consecutive wanted rows of one group.
-fn for_each_tile(
+pub(super) fn for_each_tile(
     rows: usize,
     groups: usize,
     row_tile: usize,
@@ -296,14 +306,14 @@ fn avx2_row_tiles(r0: usize, r1: usize) -> impl Iterator<Item = (usize, usize)> 
 
 /// A product's output buffer: left unwritten for a full product, whose tiles write every
 /// value (zeroing it cost about 4% of a batch-16 step), or filled for a selected one.
-struct Outputs {
+pub(super) struct Outputs {
     values: Vec<f32>,
     len: usize,
 }
 
 impl Outputs {
     /// Room for `len` values, all `fill` when given.
-    fn new(len: usize, fill: Option<f32>) -> Self {
+    pub(super) fn new(len: usize, fill: Option<f32>) -> Self {
         match fill {
             Some(fill) => Self { values: vec![fill; len], len },
             None => Self { values: Vec::with_capacity(len), len },
@@ -311,7 +321,7 @@ impl Outputs {
     }
 
     /// The address the tiles write to (an integer, so the closures that use it are `Sync`).
-    fn addr(&mut self) -> usize {
+    pub(super) fn addr(&mut self) -> usize {
         self.values.as_mut_ptr() as usize
     }
 
@@ -319,7 +329,7 @@ impl Outputs {
     ///
     /// # Safety
     /// Unless the buffer was filled, every one of the `len` values must have been written.
-    unsafe fn finish(mut self) -> Vec<f32> {
+    pub(super) unsafe fn finish(mut self) -> Vec<f32> {
         // SAFETY: the caller's promise; a filled buffer has its length already.
         unsafe { self.values.set_len(self.len) };
         self.values
@@ -1350,6 +1360,6 @@ mod tests {
         assert!(PackedQ4_1::new(&[0; 7], 16, 32).is_none());
         assert!(PackedQ8_0::new(&[0; 34 * 15], 15, 32).is_none());
         assert!(PackedQ8_0::new(&[0; 34 * 16 * 8], 16, 256).is_none(), "candle's own kernel takes k = 256n");
-        assert!(Packed::new(GgmlDType::Q4K, &[0; 144 * 16], 16, 256).is_none());
+        assert!(Packed::new(GgmlDType::Q5K, &[0; 176 * 16], 16, 256).is_none());
     }
 }
