@@ -2,7 +2,8 @@
 //!
 //! Weight matrices stay in their GGUF quantisation. Q4_1, Q8_0 and Q5_0 matrices are repacked
 //! at load for the kernels of [`super::packed`] (AVX-512 VNNI or AVX2, picked at run time,
-//! candle's results bit for bit, several rows per weight read); the other formats are
+//! candle's results bit for bit, several rows per weight read), and Q4_K and Q6_K for those of
+//! [`super::packed_k`] (candle's repacked tiles, where the shape has them); the other formats are
 //! multiplied by candle's kernels (which quantise the activations to 8 bits per block and use
 //! AVX2 when the crate is built for x86-64-v3, see `.cargo/config.toml`). Norms, RoPE, the gated activation and residual adds
 //! are short loops over row-major f32 slices, parallel over rows for batches and chunks
@@ -559,8 +560,9 @@ pub const CANDLE_SPIN_LIMIT: &str = "100";
 /// Stops candle's worker threads from spinning between products, unless the user chose a
 /// bound in [`CANDLE_SPIN_VARIABLE`] already.
 ///
-/// candle multiplies the formats the packed kernels do not take (Q4_K, Q6_K: the down
-/// projections of Qwen2.5's Q4_K_M file) on its own pool, whose workers spin for about half
+/// candle multiplies the formats and shapes the packed kernels do not take (until the eighth
+/// session's [`super::packed_k`], Q4_K and Q6_K: the down projections of Qwen2.5's Q4_K_M
+/// file) on its own pool, whose workers spin for about half
 /// a millisecond after each product. Everything between those products runs on rayon's
 /// threads, so on a 2-core machine the spinning worker took a core from them: `dspark
 /// generate` decoded Qwen2.5-0.5B at 33 tokens/s before and 46-48 with this bound

@@ -87,7 +87,12 @@ impl PackedK {
     pub fn new(q6k: bool, raw: &[u8], n: usize, k: usize) -> Option<Self> {
         let format = if q6k { Format::Q6K } else { Format::Q4K };
         let block = if q6k { Q6K_BLOCK } else { Q4K_BLOCK };
-        if n == 0 || k == 0 || n % COLUMNS != 0 || k % QK_K != 0 || raw.len() != n * (k / QK_K) * block {
+        if n == 0
+            || k == 0
+            || !n.is_multiple_of(COLUMNS)
+            || !k.is_multiple_of(QK_K)
+            || raw.len() != n * (k / QK_K) * block
+        {
             return None;
         }
         let supers = k / QK_K;
@@ -227,6 +232,8 @@ impl PackedK {
     }
 
     /// [`Self::tile_avx2`] for `R` rows of a Q4_K matrix.
+    // `h` and `m` index the weight halves and rows of several arrays at once.
+    #[allow(clippy::needless_range_loop)]
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn q4k_avx2<const R: usize>(&self, y: &Q8KRows, r0: usize, g: usize, out: *mut f32) {
@@ -278,6 +285,8 @@ impl PackedK {
     }
 
     /// [`Self::tile_avx2`] for `R` rows of a Q6_K matrix.
+    // `h` and `m` index the weight halves and rows of several arrays at once.
+    #[allow(clippy::needless_range_loop)]
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn q6k_avx2<const R: usize>(&self, y: &Q8KRows, r0: usize, g: usize, out: *mut f32) {
@@ -366,6 +375,9 @@ struct Q8KRows {
     sums: Vec<i16>,
 }
 
+/// One superblock's input values, and its words, scale and sums to write.
+type BlockParts<'a> = ((&'a [f32], &'a mut [i32]), (&'a mut f32, &'a mut [i16]));
+
 impl Q8KRows {
     fn quantize(x: &[f32], rows: usize, k: usize) -> Self {
         let supers = k / QK_K;
@@ -373,7 +385,7 @@ impl Q8KRows {
         let mut words = vec![0i32; blocks * QK_K / 4];
         let mut d = vec![0f32; blocks];
         let mut sums = vec![0i16; blocks * 16];
-        let quantize_block = |((x, words), (d, sums)): ((&[f32], &mut [i32]), (&mut f32, &mut [i16]))| {
+        let quantize_block = |((x, words), (d, sums)): BlockParts| {
             let (mut max, mut amax) = (0f32, 0f32);
             for &v in x {
                 if amax < v.abs() {
