@@ -1032,6 +1032,7 @@ fn group_allowed(mask: &[u32], group: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_values as values;
     use super::*;
 
     #[test]
@@ -1042,18 +1043,6 @@ mod tests {
         assert!(group_allowed(&mask, 2), "token 47");
         assert!(!group_allowed(&mask, 3), "tokens 48..64");
         assert!(!group_allowed(&mask, 4), "past the mask's end");
-    }
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-            })
-            .collect()
     }
 
     /// Under `batch_invariant`, every row of a Q4_K or Q6_K product equals the same row

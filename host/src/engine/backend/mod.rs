@@ -300,6 +300,20 @@ pub trait Backend: Send + Sync + 'static {
     fn to_host(&self, x: &Self::Tensor) -> anyhow::Result<Vec<f32>>;
 }
 
+/// Deterministic test values in [-1, 1) (xorshift), shared by the backends' kernel tests.
+#[cfg(test)]
+fn test_values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -498,21 +498,10 @@ pub fn matmul_reference(packed: &PackedK, x: &[f32], rows: usize) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_values as values;
     use super::*;
     use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
     use candle_core::{Device, Module, Tensor};
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
 
     /// The kernel, the plain-Rust specification and candle's tiles (reached with two or more
     /// rows) give the same bits, for both formats, for row counts on either side of the row
