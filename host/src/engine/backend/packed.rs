@@ -997,48 +997,88 @@ impl PackedQ5_0 {
         })
     }
 
-    /// The AVX2 kernel for `R` rows from `r0` of group `g`: 16-bit pair sums over 4 vectors at
-    /// a time (at most 4 x 2 x 31 x 128), widened to 32 bits, then the block's float step.
+    /// The AVX2 kernel for `R` rows from `r0` of group `g`, in two passes over runs of
+    /// blocks as Q4_1's: first the integer sums (16-bit pair sums over 4 vectors at a time, at
+    /// most 4 x 2 x 31 x 128, widened to 32 bits), then each block's float step.
+    ///
+    /// Each activation word broadcast serves both halves of a line, and the activations are
+    /// read through raw pointers: one half at a time with indexed reads took twice the
+    /// broadcasts, and the bounds checks' operands spilled from the general registers.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn tile_rows_avx2<const R: usize>(&self, y: &Q8_0Rows, r0: usize, g: usize, out: *mut f32) {
         use std::arch::x86_64::*;
         let cols = &self.0;
+        assert!(R <= ROW_TILE_AVX2 && (r0 + R) * y.blocks * 8 <= y.words.len() && y.blocks == cols.blocks);
         let ones = _mm256_set1_epi16(1);
-        for half in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); R];
-            for b in 0..cols.blocks {
-                let gb = g * cols.blocks + b;
-                let mut first = [_mm256_setzero_si256(); R];
-                let mut second = [_mm256_setzero_si256(); R];
-                for l in 0..8 {
-                    // SAFETY: l < 8, half < 2.
-                    let w = unsafe { cols.half_vector(gb, l, half) };
-                    for t in 0..R {
-                        let x = _mm256_set1_epi32(y.words[((r0 + t) * y.blocks + b) * 8 + l]);
-                        let p = _mm256_maddubs_epi16(w, x);
-                        if l < 4 {
-                            first[t] = _mm256_add_epi16(first[t], p);
-                        } else {
-                            second[t] = _mm256_add_epi16(second[t], p);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        // Written before it is read, block by block.
+        let mut sums = [std::mem::MaybeUninit::<[[__m256i; 2]; R]>::uninit(); AVX2_RUN_BLOCKS];
+        // SAFETY (every access below): rows r0..r0 + R have `blocks` scales, sums and
+        // `8 blocks` words each (asserted); group g has `blocks` blocks of 8 aligned lines;
+        // `sums` holds a run's blocks.
+        unsafe {
+            let group = cols.qs.as_ptr().add(g * cols.blocks * 8).cast::<u8>();
+            let words = y.words.as_ptr().add(r0 * y.blocks * 8);
+            let (yd, ysum) = (y.d.as_ptr().add(r0 * y.blocks), y.sums.as_ptr().add(r0 * y.blocks));
+            for run in (0..cols.blocks).step_by(AVX2_RUN_BLOCKS) {
+                let run_blocks = (cols.blocks - run).min(AVX2_RUN_BLOCKS);
+                for (i, sums) in sums.iter_mut().enumerate().take(run_blocks) {
+                    let b = run + i;
+                    let block = group.add(b * 8 * 64);
+                    // The first row tile streams the group from memory (a hint; past the end
+                    // it fetches nothing harmful).
+                    let ahead = block.wrapping_add(PREFETCH_BLOCKS * 8 * 64);
+                    for line in 0..8 {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64).cast());
+                    }
+                    let mut wide = [[_mm256_setzero_si256(); 2]; R];
+                    for quad in 0..2 {
+                        let mut pairs = [[_mm256_setzero_si256(); 2]; R];
+                        for j in 0..4 {
+                            let l = 4 * quad + j;
+                            let w = [
+                                _mm256_load_si256(block.add(l * 64).cast()),
+                                _mm256_load_si256(block.add(l * 64 + 32).cast()),
+                            ];
+                            for (t, pair) in pairs.iter_mut().enumerate() {
+                                let x = _mm256_set1_epi32(*words.add((t * y.blocks + b) * 8 + l));
+                                for (p, w) in pair.iter_mut().zip(&w) {
+                                    *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(*w, x));
+                                }
+                            }
+                        }
+                        for (wide, pair) in wide.iter_mut().zip(&pairs) {
+                            for (s, p) in wide.iter_mut().zip(pair) {
+                                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(*p, ones));
+                            }
+                        }
+                    }
+                    sums.write(wide);
+                }
+                for (i, sums) in sums.iter().enumerate().take(run_blocks) {
+                    let b = run + i;
+                    // Written by the first pass for every block of the run.
+                    let sums = sums.assume_init_ref();
+                    for h in 0..2 {
+                        let dx = cols.half_scales(g * cols.blocks + b, h);
+                        for (t, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
+                            let at = t * y.blocks + b;
+                            // The stored values are the weights plus 16: take 16 x the
+                            // activations' sum.
+                            let sum = _mm256_sub_epi32(sum[h], _mm256_set1_epi32(16 * *ysum.add(at)));
+                            let p =
+                                _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx), _mm256_set1_ps(*yd.add(at)));
+                            a[h] = _mm256_add_ps(a[h], p);
                         }
                     }
                 }
-                // SAFETY: the features are enabled; gb is in range.
-                let dx = unsafe { cols.half_scales(gb, half) };
-                for (t, a) in acc.iter_mut().enumerate() {
-                    let at = (r0 + t) * y.blocks + b;
-                    let sum = _mm256_add_epi32(_mm256_madd_epi16(first[t], ones), _mm256_madd_epi16(second[t], ones));
-                    // The stored values are the weights plus 16: take 16 x the activations' sum.
-                    let sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(16 * y.sums[at]));
-                    let p = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), dx), _mm256_set1_ps(y.d[at]));
-                    *a = _mm256_add_ps(*a, p);
-                }
             }
             for (t, a) in acc.iter().enumerate() {
-                // SAFETY: row r0 + t < rows of the output, columns g*16 + half*8.. + 8 <= n.
-                unsafe { _mm256_storeu_ps(out.add((r0 + t) * cols.n + g * LANES + half * 8), *a) };
+                for (h, a) in a.iter().enumerate() {
+                    _mm256_storeu_ps(out.add((r0 + t) * cols.n + g * LANES + h * 8), *a);
+                }
             }
         }
     }
