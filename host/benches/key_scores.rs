@@ -1,16 +1,17 @@
 //! The attention score kernels alone: `cargo bench -p dspark-host --bench key_scores`. One
 //! thread computes a head group's scores over a sequence's key-major cache blocks (16 keys
 //! per block, f16 keys, as the CPU cache stores them) for SmolLM2's and Qwen2.5's head
-//! groups (3 and 7 query heads per kv head, head size 64), at 1,024 keys (the matrix-vector
-//! order, serving contexts) and 192 keys (the short-context horizontal order), with every
-//! vector width this CPU has. Prints the median and minimum nanoseconds per (head, key):
+//! groups (3 and 7 query heads per kv head, head size 64), at 1,024 keys (serving contexts)
+//! and 192, in each summation order ([`ScoreOrder`]: candle's horizontal one, which it takes
+//! up to 256 keys, its matrix-vector one, taken beyond, and the two-chain one of f16 caches),
+//! with every vector width this CPU has. Prints the median and minimum nanoseconds per (head, key):
 //! the minimum is the kernel undisturbed, the figure to compare two versions by. A first
 //! argument not starting with `-` keeps only the widths whose name contains it (`-- Avx2`).
 
 mod common;
 
 use common::{median_secs, values};
-use dspark_host::engine::backend::key_scores::{KeyLanes, append_block_scores};
+use dspark_host::engine::backend::key_scores::{KeyLanes, ScoreOrder, append_block_scores, append_two_chain_scores};
 use half::f16;
 
 fn main() {
@@ -22,38 +23,64 @@ fn main() {
         .filter(|&w| w == KeyLanes::Scalar || KeyLanes::detect(BLOCK).width() >= w.width())
         .filter(|w| filter.as_deref().is_none_or(|f| format!("{w:?}").contains(f)))
         .collect();
-    println!("{:<8} {:>6} {:>6} {:<12} {:>12} {:>12}", "heads", "keys", "order", "width", "median ns", "min ns");
+    println!("{:<8} {:>6} {:>16} {:<12} {:>12} {:>12}", "heads", "keys", "order", "width", "median ns", "min ns");
     for heads in [3usize, 7] {
         for keys in [1024usize, 192] {
             let blocks = keys / BLOCK;
             let cache: Vec<f16> =
                 values(blocks * BLOCK * HEAD_DIM, keys as u64).into_iter().map(f16::from_f32).collect();
             let queries = values(heads * HEAD_DIM, heads as u64);
-            let horizontal = keys <= 256;
-            for &lanes in &widths {
+            // The candle order of this context, and the two-chain order block by block and
+            // in one call for the sequence (`append_two_chain_scores`, what the engine runs).
+            let variants =
+                [(ScoreOrder::candle(keys), false), (ScoreOrder::TwoChains, false), (ScoreOrder::TwoChains, true)];
+            for ((order, whole), &lanes) in
+                variants.into_iter().flat_map(|variant| widths.iter().map(move |lanes| (variant, lanes)))
+            {
+                let starts: Vec<usize> = (0..blocks).map(|b| b * BLOCK * HEAD_DIM).collect();
                 let mut scores = vec![Vec::with_capacity(keys); heads];
                 let run = || {
                     scores.iter_mut().for_each(Vec::clear);
-                    for block in cache.chunks_exact(BLOCK * HEAD_DIM) {
-                        append_block_scores(
+                    if whole {
+                        append_two_chain_scores(
                             lanes,
                             &queries,
                             HEAD_DIM,
-                            block,
+                            &cache,
+                            &starts,
                             BLOCK,
-                            BLOCK,
-                            horizontal,
+                            keys,
                             0.125,
                             &mut scores,
+                            |_| {},
                         );
+                    } else {
+                        for block in cache.chunks_exact(BLOCK * HEAD_DIM) {
+                            append_block_scores(
+                                lanes,
+                                &queries,
+                                HEAD_DIM,
+                                block,
+                                BLOCK,
+                                BLOCK,
+                                order,
+                                0.125,
+                                &mut scores,
+                            );
+                        }
                     }
                     std::hint::black_box(&scores);
                 };
                 let (median, min) = median_secs(2000, run);
                 let per = (heads * keys) as f64 / 1e9;
-                let order = if horizontal { "horiz" } else { "matvec" };
+                let order = match order {
+                    ScoreOrder::Horizontal => "horiz",
+                    ScoreOrder::MatrixVector => "matvec",
+                    ScoreOrder::TwoChains if whole => "chains, one call",
+                    ScoreOrder::TwoChains => "chains",
+                };
                 println!(
-                    "{heads:<8} {keys:>6} {order:>6} {:<12} {:>12.3} {:>12.3}",
+                    "{heads:<8} {keys:>6} {order:>16} {:<12} {:>12.3} {:>12.3}",
                     format!("{lanes:?}"),
                     median / per,
                     min / per

@@ -12,11 +12,15 @@
 //! are computed a vector lane per key ([`super::key_scores`]); values stay row-major, as
 //! the weighted sum reads a key's whole head at once.
 //!
-//! Numerics: attention is computed for every row exactly as candle computes it for a single
-//! decoded token (its GEMM kernels' summation orders and softmax reduction on AVX2, see
-//! [`key_scores::horizontal_dot`], [`key_scores::lane_dot`], `lane_sum`). So a row's result does not depend on whether it
-//! came in a prefill chunk, a fast-forward chunk or a decode step, and with an f32 cache the
-//! engine reproduces candle-transformers' quantised models bit for bit. That matters more
+//! Numerics: attention computes every row as if it were decoded alone, so a row's result
+//! does not depend on whether it came in a prefill chunk, a fast-forward chunk or a decode
+//! step. With an f32 cache that is exactly how candle computes a single decoded token (its
+//! GEMM kernels' summation orders and softmax reduction on AVX2, see
+//! [`key_scores::horizontal_dot`], [`key_scores::lane_dot`], `lane_sum`), and the engine
+//! reproduces candle-transformers' quantised models bit for bit. An f16 cache rounds the
+//! keys, so no reference is reproduced bit for bit anyway: its scores are summed in the
+//! order that costs least ([`ScoreOrder::TwoChains`]; candle's matrix-vector order, which it
+//! takes beyond 256 keys, needs twice the vector operations). That matters more
 //! than it seems: activations are re-quantised to 8 bits before every matrix product, so one
 //! rounding difference flips a quantisation step and grows into percent-level logit changes.
 //! Quantised products are row-independent for most formats; for Q4_K/Q6_K, and for the dense
@@ -37,7 +41,7 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::expf;
-use super::key_scores::{self, KeyLanes};
+use super::key_scores::{self, KeyLanes, ScoreOrder};
 use super::packed::{self, Packed};
 use super::{AttentionHeads, Backend, ForwardBatch, KvDtype, KvShape, RopeLayout, RopeTable};
 
@@ -84,6 +88,8 @@ trait KvElement: Copy + Send + Sync + simd::Load8 + key_scores::KeyElement {
     const ZERO: Self;
     fn load(src: &[Self], dst: &mut [f32]);
     fn store(src: &[f32], dst: &mut [Self]);
+    /// The order attention sums a score's products in, with `keys` keys in the context.
+    fn score_order(keys: usize) -> ScoreOrder;
 
     /// `out += weight * value`, one fused multiply-add per element.
     fn axpy(weight: f32, value: &[Self], out: &mut [f32], buffer: &mut [f32]) {
@@ -104,6 +110,10 @@ impl KvElement for f16 {
     fn store(src: &[f32], dst: &mut [f16]) {
         dst.convert_from_f32_slice(src);
     }
+    /// No reference keeps f16 keys, so none is reproduced bit for bit: the fastest order.
+    fn score_order(_: usize) -> ScoreOrder {
+        ScoreOrder::TwoChains
+    }
 }
 
 impl KvElement for f32 {
@@ -113,6 +123,10 @@ impl KvElement for f32 {
     }
     fn store(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+    /// candle's, so that f32 caches reproduce candle-transformers' models bit for bit.
+    fn score_order(keys: usize) -> ScoreOrder {
+        ScoreOrder::candle(keys)
     }
 }
 
@@ -644,8 +658,8 @@ fn attend<T: KvElement>(
     let items_per_row = heads.heads / per_item;
     let mut out = vec![0f32; q.rows * q.cols];
     out.par_chunks_mut(head_dim * per_item).enumerate().for_each_init(
-        || (vec![Vec::<f32>::new(); per_item], Vec::<usize>::new(), vec![0f32; head_dim]),
-        |(scores, offsets, buffer), (index, out)| {
+        || (vec![Vec::<f32>::new(); per_item], Vec::<usize>::new(), Vec::<usize>::new(), vec![0f32; head_dim]),
+        |(scores, offsets, starts, buffer), (index, out)| {
             let (row, first_head) = (index / items_per_row, (index % items_per_row) * per_item);
             let kv_head = first_head / group;
             let seq = &batch.seqs[row_seq[row]];
@@ -653,7 +667,7 @@ fn attend<T: KvElement>(
             let queries = &q.data[row * q.cols + first_head * head_dim..][..per_item * head_dim];
             // Every row is computed as if it were decoded alone: the same numbers whether it
             // comes in a prefill chunk, a fast-forward chunk or a decode step.
-            let horizontal = keys_seen <= HORIZONTAL_MAX_KEYS;
+            let order = T::score_order(keys_seen);
             // Block by block: every head's scores from the key-major keys (each key vector
             // loaded once for the group), and where each cached position's value starts.
             scores.iter_mut().for_each(Vec::clear);
@@ -661,20 +675,38 @@ fn attend<T: KvElement>(
             let blocks = keys_seen.div_ceil(block_size);
             let per_block = head_dim * block_size;
             let at = |block: u32| (block as usize * heads.kv_heads + kv_head) * per_block;
-            for (b, &block) in seq.block_table[..blocks].iter().enumerate() {
-                // The cache is far larger than the CPU's caches at serving contexts (16
-                // sequences of 1,024 tokens: 377 MB of SmolLM2 keys and values per step), so
-                // ask for the blocks a few ahead while this one is computed.
-                if let Some(&ahead) = seq.block_table[..blocks].get(b + PREFETCH_KV_BLOCKS) {
-                    prefetch(&keys[at(ahead)..][..per_block]);
-                    prefetch(&values[at(ahead)..][..per_block]);
+            if order == ScoreOrder::TwoChains {
+                // The whole sequence in one call: the kernel's setup once, not per block.
+                starts.clear();
+                starts.extend(seq.block_table[..blocks].iter().map(|&block| at(block)));
+                for (b, &start) in starts.iter().enumerate() {
+                    let n = block_size.min(keys_seen - b * block_size);
+                    offsets.extend((0..n).map(|slot| start + slot * head_dim));
                 }
-                let n = block_size.min(keys_seen - b * block_size);
-                let block_keys = &keys[at(block)..][..per_block];
-                key_scores::append_block_scores(
-                    lanes, queries, head_dim, block_keys, block_size, n, horizontal, scale, scores,
+                let ahead = |b: usize| {
+                    // As in the block-by-block loop below: a few blocks ahead.
+                    prefetch(&keys[starts[b]..][..per_block]);
+                    prefetch(&values[starts[b]..][..per_block]);
+                };
+                key_scores::append_two_chain_scores(
+                    lanes, queries, head_dim, keys, starts, block_size, keys_seen, scale, scores, ahead,
                 );
-                offsets.extend((0..n).map(|slot| at(block) + slot * head_dim));
+            } else {
+                for (b, &block) in seq.block_table[..blocks].iter().enumerate() {
+                    // The cache is far larger than the CPU's caches at serving contexts (16
+                    // sequences of 1,024 tokens: 377 MB of SmolLM2 keys and values per step), so
+                    // ask for the blocks a few ahead while this one is computed.
+                    if let Some(&ahead) = seq.block_table[..blocks].get(b + PREFETCH_KV_BLOCKS) {
+                        prefetch(&keys[at(ahead)..][..per_block]);
+                        prefetch(&values[at(ahead)..][..per_block]);
+                    }
+                    let n = block_size.min(keys_seen - b * block_size);
+                    let block_keys = &keys[at(block)..][..per_block];
+                    key_scores::append_block_scores(
+                        lanes, queries, head_dim, block_keys, block_size, n, order, scale, scores,
+                    );
+                    offsets.extend((0..n).map(|slot| at(block) + slot * head_dim));
+                }
             }
             for scores in scores.iter_mut() {
                 let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
@@ -1017,10 +1049,6 @@ mod simd {
     pub use fallback::axpy;
 }
 
-/// Up to this many keys, candle's GEMM computes a single query's scores with its
-/// horizontal kernel; beyond, with its matrix-vector kernel.
-const HORIZONTAL_MAX_KEYS: usize = 256;
-
 /// Whether `mask` (the plugins' bitset layout) allows a token of column group `group`
 /// (columns `16 group..16 group + 16`: half a mask word).
 fn group_allowed(mask: &[u32], group: usize) -> bool {
@@ -1149,8 +1177,9 @@ mod tests {
 
     /// Attention over a paged cache written by `write_kv` (keys key-major per block, blocks
     /// scattered, partial last blocks, grouped-query heads) equals softmax attention
-    /// computed key by key from the rows written, in the reference's orders, bit for bit:
-    /// short contexts (candle's horizontal order) and long ones (its matrix-vector order).
+    /// computed key by key from the rows written, bit for bit: for f32 in the reference's
+    /// orders, short contexts (candle's horizontal order) and long ones (its matrix-vector
+    /// order); for f16 in the two-chain order.
     #[test]
     fn paged_attention_equals_attention_over_the_written_rows() {
         let heads = AttentionHeads { heads: 6, kv_heads: 2, head_dim: 64 };
@@ -1189,12 +1218,11 @@ mod tests {
                         let mut scores: Vec<f32> = (0..seen)
                             .map(|j| {
                                 let key = cached(&k, j);
-                                let dot = if seen <= HORIZONTAL_MAX_KEYS {
-                                    key_scores::horizontal_dot(query, &key)
-                                } else {
-                                    key_scores::lane_dot(query, &key)
+                                let order = match dtype {
+                                    KvDtype::F16 => ScoreOrder::TwoChains,
+                                    KvDtype::F32 => ScoreOrder::candle(seen),
                                 };
-                                dot * 0.125
+                                order.dot(query, &key) * 0.125
                             })
                             .collect();
                         let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));

@@ -116,13 +116,48 @@ impl KeyLanes {
     }
 }
 
+/// The order a score's 64 (or `head_dim`) products are summed in. Every order is a fixed
+/// function of the query and the key alone, so a row's scores never depend on its batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScoreOrder {
+    /// candle's horizontal kernel, which its GEMM uses for a single query over at most 256
+    /// keys ([`horizontal_dot`]).
+    Horizontal,
+    /// candle's matrix-vector kernel, for a single query over more keys ([`lane_dot`]): 64
+    /// separate products and 63 additions per 64 elements, twice the work of a fused chain.
+    MatrixVector,
+    /// Even and odd elements in two fused chains, then added ([`two_chain_dot`]): the fewest
+    /// operations, with enough independent chains to keep AVX2's two FMA pipes busy. For
+    /// caches no reference reproduces bit for bit anyway (f16 keys).
+    TwoChains,
+}
+
+impl ScoreOrder {
+    /// candle's order for a single query over `keys` keys.
+    pub fn candle(keys: usize) -> Self {
+        if keys <= HORIZONTAL_MAX_KEYS { Self::Horizontal } else { Self::MatrixVector }
+    }
+
+    /// The scalar specification of this order: the dot product of `a` and `b`.
+    pub fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        match self {
+            Self::Horizontal => horizontal_dot(a, b),
+            Self::MatrixVector => lane_dot(a, b),
+            Self::TwoChains => two_chain_dot(a, b),
+        }
+    }
+}
+
+/// Up to this many keys, candle's GEMM computes a single query's scores with its
+/// horizontal kernel; beyond, with its matrix-vector kernel.
+pub const HORIZONTAL_MAX_KEYS: usize = 256;
+
 /// Appends `scale * (query_h . key_j)` for the first `n` keys of one cache block to
 /// `scores[h]`, for every head `h` of a group sharing the block's kv head: `queries` holds
 /// `scores.len()` queries of `head_dim` elements one after the other. `block` holds the
 /// block's `block_size` keys of that kv head dimension-major (element `e` of key `j` at
 /// `block[e * block_size + j]`). Each key vector is loaded (and widened) once for up to three
-/// heads. `horizontal` picks candle's order for short contexts ([`horizontal_dot`]), else its
-/// matrix-vector order ([`lane_dot`]).
+/// heads, each score summed in `order`.
 ///
 /// # Panics
 /// If `queries` is not `scores.len() * head_dim` long, `block` is shorter than
@@ -136,7 +171,7 @@ pub fn append_block_scores<T: KeyElement>(
     block: &[T],
     block_size: usize,
     n: usize,
-    horizontal: bool,
+    order: ScoreOrder,
     scale: f32,
     scores: &mut [Vec<f32>],
 ) {
@@ -144,9 +179,168 @@ pub fn append_block_scores<T: KeyElement>(
     assert!(block.len() >= head_dim * block_size && n <= block_size && block_size.is_multiple_of(lanes.width()));
     for (queries, scores) in queries.chunks(3 * head_dim.max(1)).zip(scores.chunks_mut(3)) {
         match scores.len() {
-            1 => heads_block::<T, 1>(lanes, queries, block, block_size, n, horizontal, scale, scores),
-            2 => heads_block::<T, 2>(lanes, queries, block, block_size, n, horizontal, scale, scores),
-            _ => heads_block::<T, 3>(lanes, queries, block, block_size, n, horizontal, scale, scores),
+            1 => heads_block::<T, 1>(lanes, queries, block, block_size, n, order, scale, scores),
+            2 => heads_block::<T, 2>(lanes, queries, block, block_size, n, order, scale, scores),
+            _ => heads_block::<T, 3>(lanes, queries, block, block_size, n, order, scale, scores),
+        }
+    }
+}
+
+/// Appends `scale * (query_h . key_j)` in [`ScoreOrder::TwoChains`] for the first `n` keys
+/// of a sequence's cache blocks, for every head `h` of a group sharing their kv head, as
+/// [`append_block_scores`] block after block would; `blocks` holds where each block's keys
+/// start in `keys` (laid out as there), and `ahead(b)` is called when block `b` is a few
+/// blocks away, to prefetch what the caller will want of it.
+///
+/// One call for the whole sequence, with AVX2 and head size 64, runs a kernel whose setup
+/// is done once: a call per block of 16 keys spent about a third of its time on setting up
+/// the kernel variants (the scores of 48 (head, key) pairs are 384 fused multiply-adds).
+///
+/// # Panics
+/// As [`append_block_scores`], and if `blocks` holds fewer than `n.div_ceil(block_size)`
+/// starts or a block runs past the end of `keys`.
+#[allow(clippy::too_many_arguments)]
+pub fn append_two_chain_scores<T: KeyElement>(
+    lanes: KeyLanes,
+    queries: &[f32],
+    head_dim: usize,
+    keys: &[T],
+    blocks: &[usize],
+    block_size: usize,
+    n: usize,
+    scale: f32,
+    scores: &mut [Vec<f32>],
+    ahead: impl Fn(usize),
+) {
+    let used = n.div_ceil(block_size.max(1));
+    assert!(queries.len() == scores.len() * head_dim && blocks.len() >= used);
+    let per_block = head_dim * block_size;
+    assert!(blocks[..used].iter().all(|&start| start.checked_add(per_block).is_some_and(|end| end <= keys.len())));
+    #[cfg(target_arch = "x86_64")]
+    if lanes == KeyLanes::Avx2 && head_dim == 64 && block_size.is_multiple_of(16) {
+        for (queries, scores) in queries.chunks(3 * head_dim).zip(scores.chunks_mut(3)) {
+            // SAFETY: AVX2, FMA and F16C (`KeyLanes::Avx2` is only detected with them);
+            // every used block's keys are inside `keys` (asserted above).
+            unsafe {
+                match scores.len() {
+                    1 => two_chain_blocks_avx2::<T, 1>(
+                        queries,
+                        keys,
+                        &blocks[..used],
+                        block_size,
+                        n,
+                        scale,
+                        scores,
+                        &ahead,
+                    ),
+                    2 => two_chain_blocks_avx2::<T, 2>(
+                        queries,
+                        keys,
+                        &blocks[..used],
+                        block_size,
+                        n,
+                        scale,
+                        scores,
+                        &ahead,
+                    ),
+                    _ => two_chain_blocks_avx2::<T, 3>(
+                        queries,
+                        keys,
+                        &blocks[..used],
+                        block_size,
+                        n,
+                        scale,
+                        scores,
+                        &ahead,
+                    ),
+                }
+            }
+        }
+        return;
+    }
+    for (b, &start) in blocks[..used].iter().enumerate() {
+        if b + PREFETCH_BLOCKS < used {
+            ahead(b + PREFETCH_BLOCKS);
+        }
+        let take = block_size.min(n - b * block_size);
+        let block = &keys[start..][..per_block];
+        append_block_scores(lanes, queries, head_dim, block, block_size, take, ScoreOrder::TwoChains, scale, scores);
+    }
+}
+
+/// How many blocks ahead [`append_two_chain_scores`] calls `ahead`.
+const PREFETCH_BLOCKS: usize = 4;
+
+/// [`append_two_chain_scores`]' AVX2 kernel for `H` heads of 64: 16 keys at a time (two
+/// vectors, both chains: 12 accumulators for 3 heads), scaled and stored straight into the
+/// scores' spare room, whole vectors (the lanes past `n` in a block are never counted).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `block_size` is a multiple of 16; every start in `blocks`
+/// begins `64 * block_size` readable keys; `n <= blocks.len() * block_size`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn two_chain_blocks_avx2<T: KeyElement, const H: usize>(
+    queries: &[f32],
+    keys: &[T],
+    blocks: &[usize],
+    block_size: usize,
+    n: usize,
+    scale: f32,
+    scores: &mut [Vec<f32>],
+    ahead: &impl Fn(usize),
+) {
+    use std::arch::x86_64::*;
+    const K: usize = 64;
+    debug_assert!(queries.len() == H * K && scores.len() == H);
+    let scale = _mm256_set1_ps(scale);
+    // Room for every score plus one vector pair's overhang past `n`.
+    for scores in scores.iter_mut() {
+        scores.reserve(n + 16);
+    }
+    let mut written = scores[0].len();
+    debug_assert!(scores.iter().all(|s| s.len() == written));
+    let dst: [*mut f32; H] = std::array::from_fn(|h| scores[h].as_mut_ptr());
+    let q = queries.as_ptr();
+    let mut seen = 0;
+    // SAFETY: the caller's promise for the keys and the features; each store writes 16
+    // floats from `written`, and `written + 16 <= len + n + 16`, the room reserved.
+    unsafe {
+        for (b, &start) in blocks.iter().enumerate() {
+            if b + PREFETCH_BLOCKS < blocks.len() {
+                ahead(b + PREFETCH_BLOCKS);
+            }
+            let mut first = 0;
+            while first < block_size && seen < n {
+                let base = keys.as_ptr().add(start + first);
+                let mut acc = [[[_mm256_setzero_ps(); 2]; 2]; H];
+                for e in (0..K).step_by(2) {
+                    for chain in 0..2 {
+                        let row = base.add((e + chain) * block_size);
+                        let x = [T::load8(row), T::load8(row.add(8))];
+                        for (h, acc) in acc.iter_mut().enumerate() {
+                            let qe = _mm256_broadcast_ss(&*q.add(h * K + e + chain));
+                            acc[chain][0] = _mm256_fmadd_ps(qe, x[0], acc[chain][0]);
+                            acc[chain][1] = _mm256_fmadd_ps(qe, x[1], acc[chain][1]);
+                        }
+                    }
+                }
+                for (h, [even, odd]) in acc.iter().enumerate() {
+                    for v in 0..2 {
+                        let dot = _mm256_add_ps(even[v], odd[v]);
+                        _mm256_storeu_ps(dst[h].add(written + 8 * v), _mm256_mul_ps(dot, scale));
+                    }
+                }
+                let take = 16.min(n - seen);
+                written += take;
+                seen += take;
+                first += 16;
+            }
+        }
+        for scores in scores.iter_mut() {
+            // Every score up to `written` was stored above.
+            scores.set_len(written);
         }
     }
 }
@@ -160,7 +354,7 @@ fn heads_block<T: KeyElement, const H: usize>(
     block: &[T],
     block_size: usize,
     n: usize,
-    horizontal: bool,
+    order: ScoreOrder,
     scale: f32,
     scores: &mut [Vec<f32>],
 ) {
@@ -180,23 +374,26 @@ fn heads_block<T: KeyElement, const H: usize>(
         // `Scalar`).
         unsafe {
             match (lanes, queries.len() / H) {
-                (KeyLanes::Scalar, _) => dots_with::<Scalar, T, H, 1, 8, 0>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Scalar, _) if order == ScoreOrder::TwoChains => {
+                    two_chains_with::<Scalar, T, H, 1, 0>(queries, keys, block_size, out)
+                }
+                (KeyLanes::Scalar, _) => dots_with::<Scalar, T, H, 1, 8, 0>(queries, keys, block_size, order, out),
                 #[cfg(target_arch = "x86_64")]
-                (KeyLanes::Avx2, 64) if pair => dots_avx2::<T, H, 2, 64>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Avx2, 64) if pair => dots_avx2::<T, H, 2, 64>(queries, keys, block_size, order, out),
                 #[cfg(target_arch = "x86_64")]
-                (KeyLanes::Avx2, 128) if pair => dots_avx2::<T, H, 2, 128>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Avx2, 128) if pair => dots_avx2::<T, H, 2, 128>(queries, keys, block_size, order, out),
                 #[cfg(target_arch = "x86_64")]
-                (KeyLanes::Avx2, _) if pair => dots_avx2::<T, H, 2, 0>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Avx2, _) if pair => dots_avx2::<T, H, 2, 0>(queries, keys, block_size, order, out),
                 #[cfg(target_arch = "x86_64")]
-                (KeyLanes::Avx2, 64) => dots_avx2::<T, H, 1, 64>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Avx2, 64) => dots_avx2::<T, H, 1, 64>(queries, keys, block_size, order, out),
                 #[cfg(target_arch = "x86_64")]
-                (KeyLanes::Avx2, _) => dots_avx2::<T, H, 1, 0>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Avx2, _) => dots_avx2::<T, H, 1, 0>(queries, keys, block_size, order, out),
                 #[cfg(target_arch = "x86_64")]
-                (KeyLanes::Avx512, 64) => dots_avx512::<T, H, 64>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Avx512, 64) => dots_avx512::<T, H, 64>(queries, keys, block_size, order, out),
                 #[cfg(target_arch = "x86_64")]
-                (KeyLanes::Avx512, 128) => dots_avx512::<T, H, 128>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Avx512, 128) => dots_avx512::<T, H, 128>(queries, keys, block_size, order, out),
                 #[cfg(target_arch = "x86_64")]
-                (KeyLanes::Avx512, _) => dots_avx512::<T, H, 0>(queries, keys, block_size, horizontal, out),
+                (KeyLanes::Avx512, _) => dots_avx512::<T, H, 0>(queries, keys, block_size, order, out),
                 #[cfg(not(target_arch = "x86_64"))]
                 _ => unreachable!("vector widths are detected on x86-64 only"),
             }
@@ -204,7 +401,9 @@ fn heads_block<T: KeyElement, const H: usize>(
         let step = if pair { 2 * width } else { width };
         let take = step.min(n - first);
         for (dots, scores) in dots.iter().zip(scores.iter_mut()) {
-            scores.extend(dots[..take].iter().map(|d| d * scale));
+            // A whole array at once vectorises; an iterator of unknown length did not.
+            let scaled: [f32; 16] = std::array::from_fn(|i| dots[i] * scale);
+            scores.extend_from_slice(&scaled[..take]);
         }
         first += step;
     }
@@ -314,15 +513,17 @@ unsafe fn dots_avx2<T: KeyElement, const H: usize, const V: usize, const K: usiz
     queries: &[f32],
     keys: *const T,
     stride: usize,
-    horizontal: bool,
+    order: ScoreOrder,
     out: *mut f32,
 ) {
     // SAFETY: the caller's promise; AVX2 is enabled here.
     unsafe {
-        if H == 1 {
-            dots_with::<Avx2, T, H, V, 4, K>(queries, keys, stride, horizontal, out)
+        if order == ScoreOrder::TwoChains {
+            two_chains_with::<Avx2, T, H, V, K>(queries, keys, stride, out)
+        } else if H == 1 {
+            dots_with::<Avx2, T, H, V, 4, K>(queries, keys, stride, order, out)
         } else {
-            dots_with::<Avx2, T, H, V, 2, K>(queries, keys, stride, horizontal, out)
+            dots_with::<Avx2, T, H, V, 2, K>(queries, keys, stride, order, out)
         }
     }
 }
@@ -335,11 +536,17 @@ unsafe fn dots_avx512<T: KeyElement, const H: usize, const K: usize>(
     queries: &[f32],
     keys: *const T,
     stride: usize,
-    horizontal: bool,
+    order: ScoreOrder,
     out: *mut f32,
 ) {
     // SAFETY: the caller's promise; AVX-512 F is enabled here.
-    unsafe { dots_with::<Avx512, T, H, 1, 8, K>(queries, keys, stride, horizontal, out) }
+    unsafe {
+        if order == ScoreOrder::TwoChains {
+            two_chains_with::<Avx512, T, H, 1, K>(queries, keys, stride, out)
+        } else {
+            dots_with::<Avx512, T, H, 1, 8, K>(queries, keys, stride, order, out)
+        }
+    }
 }
 
 /// The horizontal order's 8 accumulator lanes in the order their sums are paired:
@@ -348,7 +555,8 @@ const HORIZONTAL_PAIRS: [usize; 8] = [0, 4, 2, 6, 1, 5, 3, 7];
 
 /// The dot products of `H` queries (`queries`, one after the other) with `V` vectors' worth
 /// of keys (element `e` of vector `v`'s lane's key at `keys + e * stride + v * width + lane`),
-/// each lane in the order of [`horizontal_dot`] or [`lane_dot`]; head `h`'s written from
+/// each lane in the order of [`horizontal_dot`] or [`lane_dot`] (`order`; [`two_chains_with`]
+/// computes the third); head `h`'s written from
 /// `out + 16 h` on (one f32 per lane, vector after vector). Each key vector is loaded once
 /// for all the heads and each query element broadcast once for all the vectors.
 ///
@@ -367,9 +575,10 @@ unsafe fn dots_with<L: Lanes, T: KeyElement, const H: usize, const V: usize, con
     queries: &[f32],
     keys: *const T,
     stride: usize,
-    horizontal: bool,
+    order: ScoreOrder,
     out: *mut f32,
 ) {
+    let horizontal = order == ScoreOrder::Horizontal;
     // A head size known at compile time (`K`, or 0 for any) unrolls every loop below.
     let k = if K == 0 { queries.len() / H } else { K };
     assert!(queries.len() == H * k);
@@ -488,6 +697,65 @@ unsafe fn dots_with<L: Lanes, T: KeyElement, const H: usize, const V: usize, con
     }
 }
 
+/// [`ScoreOrder::TwoChains`] for `H` queries and `V` vectors' worth of keys, laid out and
+/// written as for [`dots_with`]: element `e` of every key goes to chain `e % 2`, and with
+/// 3 heads x 2 chains x 2 vectors of 8 keys (AVX2) the 12 accumulators, the two key vectors
+/// and the broadcast query element fill the 16 registers, each chain a fused multiply-add
+/// per 2 elements, so the FMA pipes need not wait on a chain's latency.
+///
+/// # Safety
+/// As for [`dots_with`].
+#[inline(always)]
+unsafe fn two_chains_with<L: Lanes, T: KeyElement, const H: usize, const V: usize, const K: usize>(
+    queries: &[f32],
+    keys: *const T,
+    stride: usize,
+    out: *mut f32,
+) {
+    let k = if K == 0 { queries.len() / H } else { K };
+    assert!(queries.len() == H * k);
+    let width = L::WIDTH;
+    // SAFETY: the caller's promise for every `e < k` and `v < V`.
+    let key = |v: usize, e: usize| unsafe { L::load(keys.add(e * stride + v * width)) };
+    // SAFETY: `h < H` and `e < k` at every call below; `queries` has `H k` elements.
+    let q = |h: usize, e: usize| unsafe { *queries.get_unchecked(h * k + e) };
+    // SAFETY: the CPU runs `L` (the caller's promise).
+    unsafe {
+        let mut acc = [[[L::zero(); V]; 2]; H];
+        let mut e = 0;
+        while e < k {
+            for (chain, at) in [e, e + 1].into_iter().enumerate() {
+                if at < k {
+                    let x: [L::V; V] = std::array::from_fn(|v| key(v, at));
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        for (a, x) in acc[chain].iter_mut().zip(&x) {
+                            *a = L::fma(q(h, at), *x, *a);
+                        }
+                    }
+                }
+            }
+            e += 2;
+        }
+        for (h, [even, odd]) in acc.iter().enumerate() {
+            for (v, (even, odd)) in even.iter().zip(odd).enumerate() {
+                L::store(L::add(*even, *odd), out.add(16 * h + v * width));
+            }
+        }
+    }
+}
+
+/// A dot product in [`ScoreOrder::TwoChains`]: the even and the odd elements each in one
+/// fused multiply-add chain, then the two added. The specification the kernels are tested
+/// against.
+pub fn two_chain_dot(a: &[f32], b: &[f32]) -> f32 {
+    let k = a.len().min(b.len());
+    let mut chains = [0f32; 2];
+    for (at, (x, y)) in a[..k].iter().zip(&b[..k]).enumerate() {
+        chains[at % 2] = x.mul_add(*y, chains[at % 2]);
+    }
+    chains[0] + chains[1]
+}
+
 /// A dot product in the order of the reference's horizontal kernel: one fused 8-lane
 /// accumulator, then the lanes reduced as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
 /// candle's GEMM computes a single query's scores this way up to 256 keys (the CPU backend's
@@ -554,6 +822,80 @@ mod tests {
             .collect()
     }
 
+    /// Scores over a whole sequence in one call equal the two-chain specification bit for
+    /// bit, over blocks scattered in the cache, partial last blocks, f32 and f16 keys, head
+    /// groups of 1 to 7, every width; and `ahead` is asked for the blocks a few ahead.
+    #[test]
+    fn whole_sequences_give_the_two_chain_scores() {
+        let block_size = 16;
+        let head_dim = 64;
+        let widths: Vec<KeyLanes> = [KeyLanes::Scalar, KeyLanes::Avx2, KeyLanes::Avx512]
+            .into_iter()
+            .filter(|&w| w == KeyLanes::Scalar || KeyLanes::detect(block_size).width() >= w.width())
+            .collect();
+        let cache_blocks = 12;
+        // Key j of cache block c: the values of seed 1000 c + j.
+        let key = |c: usize, j: usize| values(head_dim, (1000 * c + j) as u32);
+        let mut major = vec![0f32; cache_blocks * head_dim * block_size];
+        for c in 0..cache_blocks {
+            for j in 0..block_size {
+                for (e, v) in key(c, j).into_iter().enumerate() {
+                    major[c * head_dim * block_size + e * block_size + j] = v;
+                }
+            }
+        }
+        let major16: Vec<f16> = major.iter().map(|&v| f16::from_f32(v)).collect();
+        let table = [7usize, 2, 11, 0, 5, 9, 3];
+        let starts: Vec<usize> = table.iter().map(|&c| c * head_dim * block_size).collect();
+        let queries: Vec<f32> = values(7 * head_dim, 77);
+        for &lanes in &widths {
+            for n in [1usize, 15, 16, 17, 40, 7 * 16] {
+                for heads in [1usize, 2, 3, 7] {
+                    let q = &queries[..heads * head_dim];
+                    let asked = std::cell::RefCell::new(Vec::new());
+                    let mut got = vec![Vec::new(); heads];
+                    let ahead = |b: usize| asked.borrow_mut().push(b);
+                    append_two_chain_scores(lanes, q, head_dim, &major, &starts, block_size, n, 0.125, &mut got, ahead);
+                    let mut got16 = vec![Vec::new(); heads];
+                    append_two_chain_scores(
+                        lanes,
+                        q,
+                        head_dim,
+                        &major16,
+                        &starts,
+                        block_size,
+                        n,
+                        0.125,
+                        &mut got16,
+                        |_| {},
+                    );
+                    for h in 0..heads {
+                        let query = &q[h * head_dim..][..head_dim];
+                        let spec = |round: bool| -> Vec<u32> {
+                            (0..n)
+                                .map(|j| {
+                                    let mut k = key(table[j / block_size], j % block_size);
+                                    if round {
+                                        k.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
+                                    }
+                                    (two_chain_dot(query, &k) * 0.125).to_bits()
+                                })
+                                .collect()
+                        };
+                        let bits = |s: &[f32]| s.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&got[h]), spec(false), "f32, {lanes:?}, n {n}, head {h} of {heads}");
+                        assert_eq!(bits(&got16[h]), spec(true), "f16, {lanes:?}, n {n}, head {h} of {heads}");
+                    }
+                    let used = n.div_ceil(block_size);
+                    let mut asked = asked.into_inner();
+                    asked.sort_unstable();
+                    asked.dedup();
+                    assert_eq!(asked, (PREFETCH_BLOCKS..used).collect::<Vec<_>>(), "{lanes:?}, n {n}");
+                }
+            }
+        }
+    }
+
     /// Every width gives the specification's scores bit for bit, for f32 and f16 keys, head
     /// sizes with and without 8- and 64-element tails, full and partial blocks.
     #[test]
@@ -577,28 +919,21 @@ mod tests {
                     major16[e * block_size + j] = f16::from_f32(keys[j][e]);
                 }
             }
-            for horizontal in [true, false] {
+            for order in [ScoreOrder::Horizontal, ScoreOrder::MatrixVector, ScoreOrder::TwoChains] {
                 let spec = |q: &[f32], keys: &[Vec<f32>]| -> Vec<u32> {
-                    keys.iter()
-                        .map(|key| {
-                            (if horizontal { horizontal_dot(q, key) } else { lane_dot(q, key) } * 0.125).to_bits()
-                        })
-                        .collect()
+                    keys.iter().map(|key| (order.dot(q, key) * 0.125).to_bits()).collect()
                 };
                 for &lanes in &widths {
                     for n in [block_size, 21, 1] {
                         for heads in [1usize, 2, 3, 7] {
                             let flat: Vec<f32> = queries[..heads].concat();
                             let mut got = vec![Vec::new(); heads];
-                            append_block_scores(lanes, &flat, k, &major, block_size, n, horizontal, 0.125, &mut got);
+                            append_block_scores(lanes, &flat, k, &major, block_size, n, order, 0.125, &mut got);
                             let mut got16 = vec![Vec::new(); heads];
-                            append_block_scores(
-                                lanes, &flat, k, &major16, block_size, n, horizontal, 0.125, &mut got16,
-                            );
+                            append_block_scores(lanes, &flat, k, &major16, block_size, n, order, 0.125, &mut got16);
                             for h in 0..heads {
                                 let bits = |s: &[f32]| s.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
-                                let what =
-                                    format!("{lanes:?}, k {k}, n {n}, head {h} of {heads}, horizontal {horizontal}");
+                                let what = format!("{lanes:?}, k {k}, n {n}, head {h} of {heads}, {order:?}");
                                 assert_eq!(bits(&got[h]), spec(&queries[h], &keys)[..n], "f32, {what}");
                                 assert_eq!(bits(&got16[h]), spec(&queries[h], &halves)[..n], "f16, {what}");
                             }
