@@ -1037,8 +1037,8 @@ mod simd {
                     j += C;
                 }
                 for (h, acc) in acc.iter().enumerate() {
-                    for s in 0..S {
-                        let sum = if C == 2 { _mm256_add_ps(acc[0][s], acc[C - 1][s]) } else { acc[0][s] };
+                    for (s, (first, last)) in acc[0].iter().zip(&acc[C - 1]).enumerate() {
+                        let sum = if C == 2 { _mm256_add_ps(*first, *last) } else { *first };
                         _mm256_storeu_ps(out.as_mut_ptr().add(at(h, s)), sum);
                     }
                 }
