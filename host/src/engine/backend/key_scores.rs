@@ -14,6 +14,11 @@
 //! multiply-adds and 63 additions per 16 keys, about 12 per key, and 8 in the short-context
 //! order. Attention was the largest share of a serving step at the answers' contexts (39% of a
 //! 16-sequence server profile, the Q4_1 products 35%).
+//!
+//! Which order ([`ScoreOrder`]) is the cache's choice: f32 caches take candle's, so the engine
+//! reproduces candle-transformers bit for bit; f16 caches, which no reference reproduces
+//! anyway, take [`ScoreOrder::TwoChains`] (64 fused multiply-adds per 8 keys instead of 64
+//! products and 63 additions), through [`append_two_chain_scores`], one call per sequence.
 
 use half::f16;
 
