@@ -227,38 +227,12 @@ pub fn append_two_chain_scores<T: KeyElement>(
             // SAFETY: AVX2, FMA and F16C (`KeyLanes::Avx2` is only detected with them);
             // every used block's keys are inside `keys` (asserted above).
             unsafe {
-                match scores.len() {
-                    1 => two_chain_blocks_avx2::<T, 1>(
-                        queries,
-                        keys,
-                        &blocks[..used],
-                        block_size,
-                        n,
-                        scale,
-                        scores,
-                        &ahead,
-                    ),
-                    2 => two_chain_blocks_avx2::<T, 2>(
-                        queries,
-                        keys,
-                        &blocks[..used],
-                        block_size,
-                        n,
-                        scale,
-                        scores,
-                        &ahead,
-                    ),
-                    _ => two_chain_blocks_avx2::<T, 3>(
-                        queries,
-                        keys,
-                        &blocks[..used],
-                        block_size,
-                        n,
-                        scale,
-                        scores,
-                        &ahead,
-                    ),
-                }
+                let kernel: TwoChainKernel<T> = match scores.len() {
+                    1 => two_chain_blocks_avx2::<T, 1>,
+                    2 => two_chain_blocks_avx2::<T, 2>,
+                    _ => two_chain_blocks_avx2::<T, 3>,
+                };
+                kernel(queries, keys, &blocks[..used], block_size, n, scale, scores, &ahead);
             }
         }
         return;
@@ -272,6 +246,10 @@ pub fn append_two_chain_scores<T: KeyElement>(
         append_block_scores(lanes, queries, head_dim, block, block_size, take, ScoreOrder::TwoChains, scale, scores);
     }
 }
+
+/// [`two_chain_blocks_avx2`] for one head count.
+#[cfg(target_arch = "x86_64")]
+type TwoChainKernel<T> = unsafe fn(&[f32], &[T], &[usize], usize, usize, f32, &mut [Vec<f32>], &dyn Fn(usize));
 
 /// How many blocks ahead [`append_two_chain_scores`] calls `ahead`.
 const PREFETCH_BLOCKS: usize = 4;
@@ -294,7 +272,7 @@ unsafe fn two_chain_blocks_avx2<T: KeyElement, const H: usize>(
     n: usize,
     scale: f32,
     scores: &mut [Vec<f32>],
-    ahead: &impl Fn(usize),
+    ahead: &dyn Fn(usize),
 ) {
     use std::arch::x86_64::*;
     const K: usize = 64;
