@@ -17,12 +17,13 @@
 //! step. With an f32 cache that is exactly how candle computes a single decoded token (its
 //! GEMM kernels' summation orders and softmax reduction on AVX2, see
 //! [`key_scores::horizontal_dot`], [`key_scores::lane_dot`], `lane_sum`), and the engine
-//! reproduces candle-transformers' quantised models bit for bit. An f16 cache rounds the
-//! keys, so no reference is reproduced bit for bit anyway: its scores are summed in the
-//! order that costs least ([`ScoreOrder::TwoChains`]; candle's matrix-vector order, which it
-//! takes beyond 256 keys, needs twice the vector operations). That matters more
-//! than it seems: activations are re-quantised to 8 bits before every matrix product, so one
+//! reproduces candle-transformers' quantised models bit for bit. That matters more than it
+//! seems: activations are re-quantised to 8 bits before every matrix product, so one
 //! rounding difference flips a quantisation step and grows into percent-level logit changes.
+//! An f16 cache rounds the keys and values, so no reference is reproduced bit for bit
+//! anyway: its scores and weighted sums are summed in the order that costs least, two fused
+//! chains ([`ScoreOrder::TwoChains`], `two_chain_weighted_sum`; candle's matrix-vector
+//! order, which it takes beyond 256 keys, needs twice the vector operations).
 //! Quantised products are row-independent for most formats; for Q4_K/Q6_K, and for the dense
 //! path large batches take (see [`CpuBackend::dense_min_rows`]), see
 //! [`CpuBackend::batch_invariant`].
