@@ -11,7 +11,7 @@
 mod common;
 
 use common::{median_secs, values};
-use dspark_host::engine::backend::key_scores::{KeyLanes, ScoreOrder, append_block_scores, append_two_chain_scores};
+use dspark_host::engine::backend::key_scores::{KeyLanes, ScoreOrder, append_block_scores};
 use half::f16;
 
 fn main() {
@@ -30,44 +30,16 @@ fn main() {
             let cache: Vec<f16> =
                 values(blocks * BLOCK * HEAD_DIM, keys as u64).into_iter().map(f16::from_f32).collect();
             let queries = values(heads * HEAD_DIM, heads as u64);
-            // The candle order of this context, and the two-chain order block by block and
-            // in one call for the sequence (`append_two_chain_scores`, what the engine runs).
-            let variants =
-                [(ScoreOrder::candle(keys), false), (ScoreOrder::TwoChains, false), (ScoreOrder::TwoChains, true)];
-            for ((order, whole), &lanes) in
-                variants.into_iter().flat_map(|variant| widths.iter().map(move |lanes| (variant, lanes)))
+            // The candle order of this context, and the two-chain order of f16 caches (which
+            // the engine computes inside `online_attention`'s pass: the `attention` bench).
+            let variants = [ScoreOrder::candle(keys), ScoreOrder::TwoChains];
+            for (order, &lanes) in variants.into_iter().flat_map(|order| widths.iter().map(move |lanes| (order, lanes)))
             {
-                let starts: Vec<usize> = (0..blocks).map(|b| b * BLOCK * HEAD_DIM).collect();
                 let mut scores = vec![Vec::with_capacity(keys); heads];
                 let run = || {
                     scores.iter_mut().for_each(Vec::clear);
-                    if whole {
-                        append_two_chain_scores(
-                            lanes,
-                            &queries,
-                            HEAD_DIM,
-                            &cache,
-                            &starts,
-                            BLOCK,
-                            keys,
-                            0.125,
-                            &mut scores,
-                            |_| {},
-                        );
-                    } else {
-                        for block in cache.chunks_exact(BLOCK * HEAD_DIM) {
-                            append_block_scores(
-                                lanes,
-                                &queries,
-                                HEAD_DIM,
-                                block,
-                                BLOCK,
-                                BLOCK,
-                                order,
-                                0.125,
-                                &mut scores,
-                            );
-                        }
+                    for block in cache.chunks_exact(BLOCK * HEAD_DIM) {
+                        append_block_scores(lanes, &queries, HEAD_DIM, block, BLOCK, BLOCK, order, 0.125, &mut scores);
                     }
                     std::hint::black_box(&scores);
                 };
@@ -76,7 +48,6 @@ fn main() {
                 let order = match order {
                     ScoreOrder::Horizontal => "horiz",
                     ScoreOrder::MatrixVector => "matvec",
-                    ScoreOrder::TwoChains if whole => "chains, one call",
                     ScoreOrder::TwoChains => "chains",
                 };
                 println!(

@@ -21,8 +21,9 @@
 //! seems: activations are re-quantised to 8 bits before every matrix product, so one
 //! rounding difference flips a quantisation step and grows into percent-level logit changes.
 //! An f16 cache rounds the keys and values, so no reference is reproduced bit for bit
-//! anyway: its scores and weighted sums are summed in the order that costs least, two fused
-//! chains ([`ScoreOrder::TwoChains`], `two_chain_weighted_sum`; candle's matrix-vector
+//! anyway: its attention runs in the order that costs least, one pass over the sequence with
+//! an online softmax, scores and weighted sums in two fused chains ([`online_attention`];
+//! candle's two passes read the values from memory a second time, and its matrix-vector
 //! order, which it takes beyond 256 keys, needs twice the vector operations).
 //! Quantised products are row-independent for most formats; for Q4_K/Q6_K, and for the dense
 //! path large batches take (see [`CpuBackend::dense_min_rows`]), see
@@ -43,6 +44,7 @@ use rayon::prelude::*;
 
 use super::expf;
 use super::key_scores::{self, KeyLanes, ScoreOrder};
+use super::online_attention;
 use super::packed::{self, Packed};
 use super::{AttentionHeads, Backend, ForwardBatch, KvDtype, KvShape, RopeLayout, RopeTable};
 
@@ -669,45 +671,41 @@ fn attend<T: KvElement>(
             // Every row is computed as if it were decoded alone: the same numbers whether it
             // comes in a prefill chunk, a fast-forward chunk or a decode step.
             let order = T::score_order(keys_seen);
-            // Block by block: every head's scores from the key-major keys (each key vector
-            // loaded once for the group), and where each cached position's value starts.
-            scores.iter_mut().for_each(Vec::clear);
-            offsets.clear();
             let blocks = keys_seen.div_ceil(block_size);
             let per_block = head_dim * block_size;
             let at = |block: u32| (block as usize * heads.kv_heads + kv_head) * per_block;
             if order == ScoreOrder::TwoChains {
-                // The whole sequence in one call: the kernel's setup once, not per block.
+                // f16: scores, softmax and weighted sums in one pass over the sequence.
                 starts.clear();
                 starts.extend(seq.block_table[..blocks].iter().map(|&block| at(block)));
-                for (b, &start) in starts.iter().enumerate() {
-                    let n = block_size.min(keys_seen - b * block_size);
-                    offsets.extend((0..n).map(|slot| start + slot * head_dim));
-                }
                 let ahead = |b: usize| {
-                    // As in the block-by-block loop below: a few blocks ahead.
                     prefetch(&keys[starts[b]..][..per_block]);
                     prefetch(&values[starts[b]..][..per_block]);
                 };
-                key_scores::append_two_chain_scores(
-                    lanes, queries, head_dim, keys, starts, block_size, keys_seen, scale, scores, ahead,
+                online_attention::attend(
+                    lanes, queries, head_dim, keys, values, starts, block_size, keys_seen, scale, out, ahead,
                 );
-            } else {
-                for (b, &block) in seq.block_table[..blocks].iter().enumerate() {
-                    // The cache is far larger than the CPU's caches at serving contexts (16
-                    // sequences of 1,024 tokens: 377 MB of SmolLM2 keys and values per step), so
-                    // ask for the blocks a few ahead while this one is computed.
-                    if let Some(&ahead) = seq.block_table[..blocks].get(b + PREFETCH_KV_BLOCKS) {
-                        prefetch(&keys[at(ahead)..][..per_block]);
-                        prefetch(&values[at(ahead)..][..per_block]);
-                    }
-                    let n = block_size.min(keys_seen - b * block_size);
-                    let block_keys = &keys[at(block)..][..per_block];
-                    key_scores::append_block_scores(
-                        lanes, queries, head_dim, block_keys, block_size, n, order, scale, scores,
-                    );
-                    offsets.extend((0..n).map(|slot| at(block) + slot * head_dim));
+                return;
+            }
+            // f32, in candle's orders. Block by block: every head's scores from the key-major
+            // keys (each key vector loaded once for the group), and where each cached
+            // position's value starts.
+            scores.iter_mut().for_each(Vec::clear);
+            offsets.clear();
+            for (b, &block) in seq.block_table[..blocks].iter().enumerate() {
+                // The cache is far larger than the CPU's caches at serving contexts (16
+                // sequences of 1,024 tokens: 377 MB of SmolLM2 keys and values per step), so
+                // ask for the blocks a few ahead while this one is computed.
+                if let Some(&ahead) = seq.block_table[..blocks].get(b + PREFETCH_KV_BLOCKS) {
+                    prefetch(&keys[at(ahead)..][..per_block]);
+                    prefetch(&values[at(ahead)..][..per_block]);
                 }
+                let n = block_size.min(keys_seen - b * block_size);
+                let block_keys = &keys[at(block)..][..per_block];
+                key_scores::append_block_scores(
+                    lanes, queries, head_dim, block_keys, block_size, n, order, scale, scores,
+                );
+                offsets.extend((0..n).map(|slot| at(block) + slot * head_dim));
             }
             for scores in scores.iter_mut() {
                 let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
@@ -720,20 +718,9 @@ fn attend<T: KvElement>(
                     *s /= total;
                 }
             }
-            // The weighted sums in the scores' kind of order: two chains (even and odd keys)
-            // for f16 caches, candle's key-by-key chain for f32 ones.
-            let two_chains = order == ScoreOrder::TwoChains;
             // SAFETY: every offset starts a value of `head_dim` elements inside `values`;
             // `weighted_sum_heads` checks the CPU's features and the sizes itself.
-            if lanes != KeyLanes::Scalar
-                && unsafe { simd::weighted_sum_heads(scores, offsets, values, out, two_chains) }
-            {
-                return;
-            }
-            if two_chains {
-                for (scores, out) in scores.iter().zip(out.chunks_exact_mut(head_dim)) {
-                    two_chain_weighted_sum(scores, offsets, values, out);
-                }
+            if lanes != KeyLanes::Scalar && unsafe { simd::weighted_sum_heads(scores, offsets, values, out) } {
                 return;
             }
             for (scores, out) in scores.iter().zip(out.chunks_exact_mut(head_dim)) {
@@ -770,21 +757,6 @@ fn lane_sum(xs: &[f32]) -> f32 {
         sum += v;
     }
     sum
-}
-
-/// `out += sum_j weights[j] * values[offsets[j]..]` with the even and the odd keys in two
-/// fused multiply-add chains per element (the first from `out`, the second from zero), added
-/// at the end: the order of f16 caches' weighted sums, which keeps two chains in flight where
-/// one chain per accumulator waits on each fused multiply-add's latency. The specification
-/// the vector kernel is tested against, and the loop where it cannot run.
-fn two_chain_weighted_sum<T: KvElement>(weights: &[f32], offsets: &[usize], values: &[T], out: &mut [f32]) {
-    for (e, out) in out.iter_mut().enumerate() {
-        let mut chains = [*out, 0.0];
-        for (j, (&w, &o)) in weights.iter().zip(offsets).enumerate() {
-            chains[j % 2] = w.mul_add(simd::Load8::to_f32(values[o + e]), chains[j % 2]);
-        }
-        *out = chains[0] + chains[1];
-    }
 }
 
 /// AVX2 versions of the attention loops, bit-identical to the scalar ones (the same fused
@@ -925,11 +897,8 @@ mod simd {
     /// multiply-add per key, as [`weighted_sum`] computes each head alone; but each value is
     /// loaded and widened once for several heads: up to four in 16-lane vectors with AVX-512
     /// F; with AVX2, three heads over 16 elements at a time (or two over 32, or one over 64),
-    /// so the accumulators, the value's vectors and the weights fit the 16 registers. With
-    /// `two_chains`, in [`super::two_chain_weighted_sum`]'s order instead (AVX2 only, on
-    /// AVX-512 CPUs too, so every x86 machine computes the same numbers): twice the
-    /// accumulators, so three heads go over 16 elements in two chains. Returns false, doing
-    /// nothing, where the CPU lacks AVX2 or the head size is not 64 or 128.
+    /// so the accumulators, the value's vectors and the weights fit the 16 registers. Returns
+    /// false, doing nothing, where the CPU lacks AVX2 or the head size is not 64 or 128.
     ///
     /// # Safety
     /// Every `offsets[j] + out.len() / weights.len()` is within `values`; every
@@ -939,7 +908,6 @@ mod simd {
         offsets: &[usize],
         values: &[T],
         out: &mut [f32],
-        two_chains: bool,
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
@@ -951,7 +919,7 @@ mod simd {
             if head_dim != 64 && head_dim != 128 {
                 return false;
             }
-            if has!("avx512f") && !two_chains {
+            if has!("avx512f") {
                 for (weights, out) in weights.chunks(4).zip(out.chunks_mut(4 * head_dim)) {
                     // SAFETY: the caller's promise; AVX-512 F checked above.
                     unsafe {
@@ -975,13 +943,10 @@ mod simd {
             for (weights, out) in weights.chunks(3).zip(out.chunks_mut(3 * head_dim)) {
                 // SAFETY: the caller's promise; AVX2, FMA and F16C checked above.
                 unsafe {
-                    match (weights.len(), two_chains) {
-                        (1, false) => heads_avx2::<T, 1, 8, 1>(weights, offsets, values, out),
-                        (2, false) => heads_avx2::<T, 2, 4, 1>(weights, offsets, values, out),
-                        (_, false) => heads_avx2::<T, 3, 2, 1>(weights, offsets, values, out),
-                        (1, true) => heads_avx2::<T, 1, 4, 2>(weights, offsets, values, out),
-                        (2, true) => heads_avx2::<T, 2, 2, 2>(weights, offsets, values, out),
-                        (_, true) => heads_avx2::<T, 3, 2, 2>(weights, offsets, values, out),
+                    match weights.len() {
+                        1 => heads_avx2::<T, 1, 8>(weights, offsets, values, out),
+                        2 => heads_avx2::<T, 2, 4>(weights, offsets, values, out),
+                        _ => heads_avx2::<T, 3, 2>(weights, offsets, values, out),
                     }
                 }
             }
@@ -995,11 +960,10 @@ mod simd {
     }
 
     /// [`weighted_sum_heads`] with AVX2 for `H` heads, `8 S` elements of each at a time (the
-    /// head size a multiple of `8 S`), in `C` chains (1: key by key; 2: even and odd keys,
-    /// added at the end), the accumulators in registers.
+    /// head size a multiple of `8 S`), key by key, the accumulators in registers.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn heads_avx2<T: KeyElement, const H: usize, const S: usize, const C: usize>(
+    unsafe fn heads_avx2<T: KeyElement, const H: usize, const S: usize>(
         weights: &[Vec<f32>],
         offsets: &[usize],
         values: &[T],
@@ -1007,40 +971,27 @@ mod simd {
     ) {
         use std::arch::x86_64::*;
         let head_dim = out.len() / H;
-        debug_assert!(weights.len() == H && head_dim.is_multiple_of(8 * S) && (C == 1 || C == 2));
+        debug_assert!(weights.len() == H && head_dim.is_multiple_of(8 * S));
         let weights: [&[f32]; H] = std::array::from_fn(|h| &weights[h][..offsets.len()]);
         // SAFETY: `out` has `H * head_dim` elements; the caller's promise for the values;
         // `j < offsets.len()`, the length of every `weights[h]`.
         unsafe {
             for slice in (0..head_dim).step_by(8 * S) {
                 let at = |h: usize, s: usize| h * head_dim + slice + 8 * s;
-                // Chain 0 starts from `out`, chain 1 (if any) from zero.
-                let mut acc: [[[__m256; S]; C]; H] = std::array::from_fn(|h| {
-                    std::array::from_fn(|c| {
-                        std::array::from_fn(|s| {
-                            if c == 0 { _mm256_loadu_ps(out.as_ptr().add(at(h, s))) } else { _mm256_setzero_ps() }
-                        })
-                    })
-                });
-                let mut j = 0;
-                while j < offsets.len() {
-                    for (chain, j) in (j..offsets.len().min(j + C)).enumerate() {
-                        let o = *offsets.get_unchecked(j);
-                        let value: [__m256; S] =
-                            std::array::from_fn(|s| T::load8(values.as_ptr().add(o + slice + 8 * s)));
-                        for (acc, weights) in acc.iter_mut().zip(&weights) {
-                            let w = _mm256_set1_ps(*weights.get_unchecked(j));
-                            for (a, x) in acc[chain].iter_mut().zip(&value) {
-                                *a = _mm256_fmadd_ps(w, *x, *a);
-                            }
+                let mut acc: [[__m256; S]; H] =
+                    std::array::from_fn(|h| std::array::from_fn(|s| _mm256_loadu_ps(out.as_ptr().add(at(h, s)))));
+                for (j, &o) in offsets.iter().enumerate() {
+                    let value: [__m256; S] = std::array::from_fn(|s| T::load8(values.as_ptr().add(o + slice + 8 * s)));
+                    for (acc, weights) in acc.iter_mut().zip(&weights) {
+                        let w = _mm256_set1_ps(*weights.get_unchecked(j));
+                        for (a, x) in acc.iter_mut().zip(&value) {
+                            *a = _mm256_fmadd_ps(w, *x, *a);
                         }
                     }
-                    j += C;
                 }
                 for (h, acc) in acc.iter().enumerate() {
-                    for (s, (first, last)) in acc[0].iter().zip(&acc[C - 1]).enumerate() {
-                        let sum = if C == 2 { _mm256_add_ps(*first, *last) } else { *first };
-                        _mm256_storeu_ps(out.as_mut_ptr().add(at(h, s)), sum);
+                    for (s, a) in acc.iter().enumerate() {
+                        _mm256_storeu_ps(out.as_mut_ptr().add(at(h, s)), *a);
                     }
                 }
             }
@@ -1193,10 +1144,10 @@ mod tests {
             }
         }
         // A head group's weighted sums, each value loaded once for several heads, equal each
-        // head's key-by-key fused multiply-adds (or, in two chains, the two-chain loop), for
-        // every group size the models have (chunks of 3, 2 and 1 with AVX2, of 4 to 1 with
-        // AVX-512), both head sizes, and an odd number of keys.
-        for (head_dim, two_chains) in [(64usize, false), (128, false), (64, true), (128, true)] {
+        // head's key-by-key fused multiply-adds, for every group size the models have (chunks
+        // of 3, 2 and 1 with AVX2, of 4 to 1 with AVX-512), both head sizes, and an odd number
+        // of keys.
+        for head_dim in [64usize, 128] {
             let keys = 37;
             let values16: Vec<f16> = values(keys * head_dim + 5, 11).iter().map(|&v| f16::from_f32(v)).collect();
             let offsets: Vec<usize> = (0..keys).map(|j| (j * 7 % keys) * head_dim + j % 2).collect();
@@ -1204,7 +1155,7 @@ mod tests {
                 let weights: Vec<Vec<f32>> = (0..heads).map(|h| values(keys, 40 + h as u32)).collect();
                 let start = values(heads * head_dim, 3);
                 let mut fast = start.clone();
-                if !unsafe { simd::weighted_sum_heads(&weights, &offsets, &values16, &mut fast, two_chains) } {
+                if !unsafe { simd::weighted_sum_heads(&weights, &offsets, &values16, &mut fast) } {
                     // Only where the CPU lacks AVX2 (never on this project's machines).
                     #[cfg(target_arch = "x86_64")]
                     assert!(!std::arch::is_x86_feature_detected!("avx2"));
@@ -1212,10 +1163,6 @@ mod tests {
                 }
                 let mut slow = start.clone();
                 for (h, out) in slow.chunks_exact_mut(head_dim).enumerate() {
-                    if two_chains {
-                        two_chain_weighted_sum(&weights[h], &offsets, &values16, out);
-                        continue;
-                    }
                     for (&w, &o) in weights[h].iter().zip(&offsets) {
                         for (e, out) in out.iter_mut().enumerate() {
                             *out = w.mul_add(values16[o + e].to_f32(), *out);
@@ -1223,7 +1170,7 @@ mod tests {
                     }
                 }
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&fast), bits(&slow), "{heads} heads of {head_dim}, two chains {two_chains}");
+                assert_eq!(bits(&fast), bits(&slow), "{heads} heads of {head_dim}");
             }
         }
     }
@@ -1232,7 +1179,7 @@ mod tests {
     /// scattered, partial last blocks, grouped-query heads) equals softmax attention
     /// computed key by key from the rows written, bit for bit: for f32 in the reference's
     /// orders, short contexts (candle's horizontal order) and long ones (its matrix-vector
-    /// order); for f16 in the two-chain order.
+    /// order); for f16 as [`online_attention::reference_head`] specifies.
     #[test]
     fn paged_attention_equals_attention_over_the_written_rows() {
         let heads = AttentionHeads { heads: 6, kv_heads: 2, head_dim: 64 };
@@ -1268,29 +1215,28 @@ mod tests {
                         let cached = |t: &CpuTensor, j: usize| -> Vec<f32> {
                             t.row(seq_start + j)[kv * 64..][..64].iter().map(|&x| stored(x)).collect()
                         };
-                        let mut scores: Vec<f32> = (0..seen)
-                            .map(|j| {
-                                let key = cached(&k, j);
-                                let order = match dtype {
-                                    KvDtype::F16 => ScoreOrder::TwoChains,
-                                    KvDtype::F32 => ScoreOrder::candle(seen),
-                                };
-                                order.dot(query, &key) * 0.125
-                            })
-                            .collect();
-                        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                        scores.iter_mut().for_each(|s| *s = (*s - max).exp());
-                        let total = lane_sum(&scores);
-                        // f16: even and odd keys in two chains, added at the end.
-                        let chains = if dtype == KvDtype::F16 { 2 } else { 1 };
-                        let mut want = vec![[0f32; 2]; 64];
-                        for (j, &w) in scores.iter().enumerate() {
-                            for (o, x) in want.iter_mut().zip(cached(&v, j)) {
-                                o[j % chains] = (w / total).mul_add(x, o[j % chains]);
+                        let want = if dtype == KvDtype::F16 {
+                            let (keys, values): (Vec<_>, Vec<_>) =
+                                (0..seen).map(|j| (cached(&k, j), cached(&v, j))).unzip();
+                            let mut want = vec![0f32; 64];
+                            let (key, value) = (|j: usize, e: usize| keys[j][e], |j: usize, e: usize| values[j][e]);
+                            online_attention::reference_head(query, seen, key, value, 0.125, &mut want);
+                            want
+                        } else {
+                            let order = ScoreOrder::candle(seen);
+                            let mut scores: Vec<f32> =
+                                (0..seen).map(|j| order.dot(query, &cached(&k, j)) * 0.125).collect();
+                            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                            scores.iter_mut().for_each(|s| *s = (*s - max).exp());
+                            let total = lane_sum(&scores);
+                            let mut want = vec![0f32; 64];
+                            for (j, &w) in scores.iter().enumerate() {
+                                for (o, x) in want.iter_mut().zip(cached(&v, j)) {
+                                    *o = (w / total).mul_add(x, *o);
+                                }
                             }
-                        }
-                        let want: Vec<f32> =
-                            want.iter().map(|&[even, odd]| if chains == 2 { even + odd } else { even }).collect();
+                            want
+                        };
                         let have = &got.row(row)[head * 64..][..64];
                         assert!(
                             have.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),

@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod expf;
 pub mod key_scores;
+pub mod online_attention;
 pub mod packed;
 pub mod packed_k;
 

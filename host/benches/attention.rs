@@ -1,0 +1,76 @@
+//! One row's attention over an f16 cache, as the engine runs it for f16 caches
+//! ([`online_attention::attend`]: scores, online softmax and weighted sum in one pass):
+//! `cargo bench -p dspark-host --bench attention`. One thread, one head group sharing a kv
+//! head (3 query heads: SmolLM2; 7: Qwen2.5), head size 64, blocks of 16 slots, at 1,024 keys
+//! (serving contexts) and 192. Two settings: `hot`, the same sequence every call (its 256 KB
+//! of keys and values in the CPU's caches), and `cold`, each call another sequence's blocks
+//! from a 256 MB pool, as a serving step finds them (a step's keys and values are far larger
+//! than the caches). Prints the median and minimum nanoseconds per (head, key); the minimum
+//! is the kernel undisturbed, the figure to compare two versions by.
+
+mod common;
+
+use common::{median_secs, values};
+use dspark_host::engine::backend::key_scores::KeyLanes;
+use dspark_host::engine::backend::online_attention;
+use half::f16;
+
+fn main() {
+    const BLOCK: usize = 16;
+    const HEAD_DIM: usize = 64;
+    const PER_BLOCK: usize = BLOCK * HEAD_DIM;
+    // Keys and values of a block share their offset in the two arrays, as in the cache.
+    let pool_blocks = (256 << 20) / (2 * 2 * PER_BLOCK);
+    let keys: Vec<f16> = values(pool_blocks * PER_BLOCK, 1).into_iter().map(f16::from_f32).collect();
+    let vals: Vec<f16> = values(pool_blocks * PER_BLOCK, 2).into_iter().map(f16::from_f32).collect();
+    let lanes = KeyLanes::detect(BLOCK);
+    println!("{:<8} {:>6} {:<6} {:<8} {:>12} {:>12}", "heads", "keys", "cache", "width", "median ns", "min ns");
+    for heads in [3usize, 7] {
+        let queries: Vec<f32> = values(heads * HEAD_DIM, heads as u64).iter().map(|x| 2.0 * x).collect();
+        let mut out = vec![0f32; heads * HEAD_DIM];
+        for n in [1024usize, 192] {
+            let blocks = n / BLOCK;
+            for cold in [false, true] {
+                let mut sequence = 0usize;
+                let mut run = || {
+                    // A sequence's blocks out of order; cold: another stretch of the pool.
+                    let first = if cold { sequence * 7919 % (pool_blocks - 2 * blocks) } else { 0 };
+                    sequence += 1;
+                    let starts: Vec<usize> = (0..blocks).map(|b| (first + (b * 5) % blocks) * PER_BLOCK).collect();
+                    let ahead = |b: usize| {
+                        prefetch(&keys[starts[b]..][..PER_BLOCK]);
+                        prefetch(&vals[starts[b]..][..PER_BLOCK]);
+                    };
+                    online_attention::attend(
+                        lanes, &queries, HEAD_DIM, &keys, &vals, &starts, BLOCK, n, 0.125, &mut out, ahead,
+                    );
+                    std::hint::black_box(&out);
+                };
+                let (median, min) = median_secs(5000, &mut run);
+                let per = (heads * n) as f64 / 1e9;
+                let cache = if cold { "cold" } else { "hot" };
+                println!(
+                    "{heads:<8} {n:>6} {cache:<6} {:<8} {:>12.3} {:>12.3}",
+                    format!("{lanes:?}"),
+                    median / per,
+                    min / per
+                );
+            }
+        }
+    }
+}
+
+/// Asks for every cache line of `data`, as the engine's prefetch does.
+fn prefetch<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let base = data.as_ptr().cast::<i8>();
+        for line in (0..std::mem::size_of_val(data)).step_by(64) {
+            // SAFETY: a prefetch of an address inside `data` (it never faults anyway).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(line)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
