@@ -5,8 +5,11 @@
 //! (serving contexts) and 192. Two settings: `hot`, the same sequence every call (its 256 KB
 //! of keys and values in the CPU's caches), and `cold`, each call another sequence's blocks
 //! from a 256 MB pool, as a serving step finds them (a step's keys and values are far larger
-//! than the caches). Prints the median and minimum nanoseconds per (head, key); the minimum
-//! is the kernel undisturbed, the figure to compare two versions by.
+//! than the caches). Each for 1, 4 and 16 rows of one sequence (a chunk: a prefill, a
+//! fast-forward span), attended `together` (one call: each run of keys read once for all the
+//! rows) and, for more than one, `alone` (a call per row, as before spans). Prints the median
+//! and minimum nanoseconds per (row, head, key); the minimum is the kernel undisturbed, the
+//! figure to compare two versions by.
 
 mod common;
 
@@ -24,37 +27,71 @@ fn main() {
     let keys: Vec<f16> = values(pool_blocks * PER_BLOCK, 1).into_iter().map(f16::from_f32).collect();
     let vals: Vec<f16> = values(pool_blocks * PER_BLOCK, 2).into_iter().map(f16::from_f32).collect();
     let lanes = KeyLanes::detect(BLOCK);
-    println!("{:<8} {:>6} {:<6} {:<8} {:>12} {:>12}", "heads", "keys", "cache", "width", "median ns", "min ns");
+    println!(
+        "{:<6} {:>6} {:>5} {:<6} {:<9} {:<8} {:>10} {:>10}",
+        "heads", "keys", "rows", "cache", "how", "width", "median ns", "min ns"
+    );
     for heads in [3usize, 7] {
-        let queries: Vec<f32> = values(heads * HEAD_DIM, heads as u64).iter().map(|x| 2.0 * x).collect();
-        let mut out = vec![0f32; heads * HEAD_DIM];
         for n in [1024usize, 192] {
-            let blocks = n / BLOCK;
-            for cold in [false, true] {
-                let mut sequence = 0usize;
-                let mut run = || {
-                    // A sequence's blocks out of order; cold: another stretch of the pool.
-                    let first = if cold { sequence * 7919 % (pool_blocks - 2 * blocks) } else { 0 };
-                    sequence += 1;
-                    let starts: Vec<usize> = (0..blocks).map(|b| (first + (b * 5) % blocks) * PER_BLOCK).collect();
-                    let ahead = |b: usize| {
-                        prefetch(&keys[starts[b]..][..PER_BLOCK]);
-                        prefetch(&vals[starts[b]..][..PER_BLOCK]);
-                    };
-                    online_attention::attend(
-                        lanes, &queries, HEAD_DIM, &keys, &vals, &starts, BLOCK, n, 0.125, &mut out, ahead,
-                    );
-                    std::hint::black_box(&out);
-                };
-                let (median, min) = median_secs(5000, &mut run);
-                let per = (heads * n) as f64 / 1e9;
-                let cache = if cold { "cold" } else { "hot" };
-                println!(
-                    "{heads:<8} {n:>6} {cache:<6} {:<8} {:>12.3} {:>12.3}",
-                    format!("{lanes:?}"),
-                    median / per,
-                    min / per
-                );
+            for rows in [1usize, 4, 16] {
+                let queries: Vec<f32> = values(rows * heads * HEAD_DIM, heads as u64).iter().map(|x| 2.0 * x).collect();
+                let mut out = vec![0f32; rows * heads * HEAD_DIM];
+                // A chunk's rows: the last sees `n` keys, each one before it one key fewer.
+                let seen: Vec<usize> = (0..rows).map(|r| n + 1 + r - rows).collect();
+                for cold in [false, true] {
+                    for together in [true, false] {
+                        if rows == 1 && !together {
+                            continue;
+                        }
+                        let mut sequence = 0usize;
+                        let blocks = n / BLOCK;
+                        let mut run = || {
+                            // A sequence's blocks out of order; cold: another stretch of the pool.
+                            let first = if cold { sequence * 7919 % (pool_blocks - 2 * blocks) } else { 0 };
+                            sequence += 1;
+                            let starts: Vec<usize> =
+                                (0..blocks).map(|b| (first + (b * 5) % blocks) * PER_BLOCK).collect();
+                            let ahead = |b: usize| {
+                                prefetch(&keys[starts[b]..][..PER_BLOCK]);
+                                prefetch(&vals[starts[b]..][..PER_BLOCK]);
+                            };
+                            if together {
+                                online_attention::attend(
+                                    lanes, &queries, HEAD_DIM, &keys, &vals, &starts, BLOCK, &seen, 0.125, &mut out,
+                                    ahead,
+                                );
+                            } else {
+                                let row_len = heads * HEAD_DIM;
+                                for (r, seen) in seen.iter().enumerate() {
+                                    online_attention::attend(
+                                        lanes,
+                                        &queries[r * row_len..][..row_len],
+                                        HEAD_DIM,
+                                        &keys,
+                                        &vals,
+                                        &starts,
+                                        BLOCK,
+                                        std::slice::from_ref(seen),
+                                        0.125,
+                                        &mut out[r * row_len..][..row_len],
+                                        ahead,
+                                    );
+                                }
+                            }
+                            std::hint::black_box(&out);
+                        };
+                        let (median, min) = median_secs(if rows == 16 { 800 } else { 3000 }, &mut run);
+                        let per = (rows * heads * n) as f64 / 1e9;
+                        println!(
+                            "{heads:<6} {n:>6} {rows:>5} {:<6} {:<9} {:<8} {:>10.3} {:>10.3}",
+                            if cold { "cold" } else { "hot" },
+                            if together { "together" } else { "alone" },
+                            format!("{lanes:?}"),
+                            median / per,
+                            min / per
+                        );
+                    }
+                }
             }
         }
     }

@@ -125,22 +125,29 @@ pub fn reference_head(
     }
 }
 
-/// The attention of a group of heads sharing one kv head over the first `n` positions of a
-/// sequence ([module docs](self)): `queries` holds `out.len() / head_dim` queries one after
-/// the other, `out` receives their outputs. `blocks` holds where each of the sequence's cache
-/// blocks starts, at the same offset in `keys` (dimension-major within the block: element `e`
-/// of slot `j` at `start + e * block_size + j`) and in `values` (slot-major: at
-/// `start + j * head_dim + e`). `ahead(b)` is called when block `b` is a few blocks away, to
-/// prefetch it.
+/// The attention of a group of heads sharing one kv head, for one or more rows of a sequence
+/// ([module docs](self)). Row `r` sees the first `seen[r]` positions; `seen` must not
+/// decrease (a chunk's rows in order). `queries` holds each row's `heads` queries one after
+/// the other (`heads = queries.len() / (seen.len() * head_dim)`), rows one after the other,
+/// and `out` receives their outputs in the same layout. `blocks` holds where each of the
+/// sequence's cache blocks starts, at the same offset in `keys` (dimension-major within the
+/// block: element `e` of slot `j` at `start + e * block_size + j`) and in `values`
+/// (slot-major: at `start + j * head_dim + e`). `ahead(b)` is called when block `b` is a few
+/// blocks away, to prefetch it.
+///
+/// Every row gets exactly the numbers it would get alone: the rows of a chunk (a prefill, a
+/// fast-forward span, a draft) only share the reading of the keys and values. The AVX2 kernel
+/// goes run by run and, for each run, row by row, so a run's 4 KB of keys and values are
+/// read from memory once for all the rows and from L1 after the first.
 ///
 /// With `lanes` [`KeyLanes::Avx2`] or wider, head size 64 and block sizes that are multiples
 /// of [`RUN`], the AVX2 kernel runs (on AVX-512 CPUs too, so every x86 machine computes the
-/// same numbers); otherwise [`reference_head`] per head.
+/// same numbers); otherwise [`reference_head`] per row and head.
 ///
 /// # Panics
-/// If `queries` and `out` differ in length or are not a multiple of `head_dim`, `blocks` holds
-/// fewer than `n.div_ceil(block_size)` starts, or a used block runs past the end of `keys` or
-/// `values`.
+/// If `queries` and `out` differ in length or are not a multiple of `seen.len() * head_dim`,
+/// `seen` is empty or decreases, `blocks` holds fewer than `max(seen).div_ceil(block_size)`
+/// starts, or a used block runs past the end of `keys` or `values`.
 #[allow(clippy::too_many_arguments)]
 pub fn attend<T: KeyElement>(
     lanes: KeyLanes,
@@ -150,13 +157,19 @@ pub fn attend<T: KeyElement>(
     values: &[T],
     blocks: &[usize],
     block_size: usize,
-    n: usize,
+    seen: &[usize],
     scale: f32,
     out: &mut [f32],
     ahead: impl Fn(usize),
 ) {
+    let rows = seen.len();
+    assert!(rows > 0 && seen.windows(2).all(|w| w[0] <= w[1]), "rows must see non-decreasing key counts");
+    let n = seen[rows - 1];
+    let row_len = queries.len() / rows;
+    assert!(head_dim > 0 && queries.len() == out.len() && queries.len() == rows * row_len);
+    assert!(row_len.is_multiple_of(head_dim));
+    let heads = row_len / head_dim;
     let used = n.div_ceil(block_size.max(1));
-    assert!(head_dim > 0 && queries.len() == out.len() && queries.len().is_multiple_of(head_dim));
     assert!(blocks.len() >= used);
     let per_block = head_dim * block_size;
     let inside =
@@ -165,69 +178,111 @@ pub fn attend<T: KeyElement>(
     let blocks = &blocks[..used];
     #[cfg(target_arch = "x86_64")]
     if lanes != KeyLanes::Scalar && head_dim == 64 && block_size.is_multiple_of(RUN) {
-        for (queries, out) in queries.chunks(3 * head_dim).zip(out.chunks_mut(3 * head_dim)) {
-            let kernel: Kernel<T> = match queries.len() / head_dim {
+        let mut running = Vec::new();
+        for first_head in (0..heads).step_by(3) {
+            let kernel: Kernel<T> = match (heads - first_head).min(3) {
                 1 => heads_avx2::<T, 1>,
                 2 => heads_avx2::<T, 2>,
                 _ => heads_avx2::<T, 3>,
             };
+            let at = first_head * head_dim;
             // SAFETY: `KeyLanes::Avx2` and wider are only detected with AVX2, FMA and F16C;
             // every used block's keys and values are inside `keys` and `values` (asserted
-            // above); the block size is a multiple of 16.
-            unsafe { kernel(queries, keys, values, blocks, block_size, n, scale, out, &ahead) };
+            // above); the block size is a multiple of 16; rows of `row_len` elements hold
+            // the group's heads from `at` on.
+            unsafe {
+                kernel(
+                    &queries[at..],
+                    &mut out[at..],
+                    row_len,
+                    seen,
+                    keys,
+                    values,
+                    blocks,
+                    block_size,
+                    scale,
+                    &ahead,
+                    &mut running,
+                )
+            };
         }
         return;
     }
     let _ = (lanes, ahead);
     let slot = |j: usize| (blocks[j / block_size], j % block_size);
-    for (query, out) in queries.chunks(head_dim).zip(out.chunks_mut(head_dim)) {
-        let key = |j: usize, e: usize| {
-            let (start, s) = slot(j);
-            keys[start + e * block_size + s].to_f32()
-        };
-        let value = |j: usize, e: usize| {
-            let (start, s) = slot(j);
-            values[start + s * head_dim + e].to_f32()
-        };
-        reference_head(query, n, key, value, scale, out);
+    let key = |j: usize, e: usize| {
+        let (start, s) = slot(j);
+        keys[start + e * block_size + s].to_f32()
+    };
+    let value = |j: usize, e: usize| {
+        let (start, s) = slot(j);
+        values[start + s * head_dim + e].to_f32()
+    };
+    let rows = queries.chunks(row_len).zip(out.chunks_mut(row_len)).zip(seen);
+    for ((queries, out), &n) in rows {
+        for (query, out) in queries.chunks(head_dim).zip(out.chunks_mut(head_dim)) {
+            reference_head(query, n, key, value, scale, out);
+        }
     }
+}
+
+/// One row's running softmax for up to 3 heads of 64: the maximum, the denominator and the
+/// unnormalised weighted sums.
+#[derive(Clone, Copy)]
+struct Running {
+    max: [f32; 3],
+    total: [f32; 3],
+    acc: [f32; 64 * 3],
+}
+
+impl Running {
+    const START: Self = Self { max: [f32::NEG_INFINITY; 3], total: [0.0; 3], acc: [0.0; 64 * 3] };
 }
 
 /// [`heads_avx2`] for one head count.
 #[cfg(target_arch = "x86_64")]
-type Kernel<T> = unsafe fn(&[f32], &[T], &[T], &[usize], usize, usize, f32, &mut [f32], &dyn Fn(usize));
+type Kernel<T> =
+    unsafe fn(&[f32], &mut [f32], usize, &[usize], &[T], &[T], &[usize], usize, f32, &dyn Fn(usize), &mut Vec<Running>);
 
-/// [`attend`]'s AVX2 kernel for `H` heads of 64. Per run of 16 keys: the scores in two
-/// vectors and both chains (12 accumulators for 3 heads), the softmax step in registers,
-/// then the weighted sum 16 elements of every head at a time (12 accumulators again, loaded
-/// from and stored to `acc` in L1, the run's values in L1 too).
+/// [`attend`]'s AVX2 kernel for `H` heads of 64 in each of `seen.len()` rows (row `r`'s
+/// queries at `r * row_len` in `queries`, its outputs there in `out`). Per run of 16 keys and
+/// row: the scores in two vectors and both chains (12 accumulators for 3 heads), the softmax
+/// step in registers, then the weighted sum 16 elements of every head at a time (12
+/// accumulators again, loaded from and stored to the row's [`Running`] sums in L1, the run's
+/// values in L1 too). `running` is scratch, one [`Running`] per row.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `block_size` is a multiple of 16; every start in `blocks`
-/// begins `64 * block_size` readable keys and values; `n <= blocks.len() * block_size`;
-/// `queries` and `out` hold `64 H` elements.
+/// begins `64 * block_size` readable keys and values; `seen` is non-empty and non-decreasing,
+/// its last at most `blocks.len() * block_size`; `queries` and `out` hold
+/// `(seen.len() - 1) * row_len + 64 H` elements.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn heads_avx2<T: KeyElement, const H: usize>(
     queries: &[f32],
+    out: &mut [f32],
+    row_len: usize,
+    seen: &[usize],
     keys: &[T],
     values: &[T],
     blocks: &[usize],
     block_size: usize,
-    n: usize,
     scale: f32,
-    out: &mut [f32],
     ahead: &dyn Fn(usize),
+    running: &mut Vec<Running>,
 ) {
     use std::arch::x86_64::*;
     const K: usize = 64;
-    debug_assert!(queries.len() == H * K && out.len() == H * K);
+    let rows = seen.len();
+    debug_assert!(H <= 3 && queries.len() >= (rows - 1) * row_len + H * K && out.len() >= queries.len());
+    let n = seen[rows - 1];
+    running.clear();
+    running.resize(rows, Running::START);
     let scale = _mm256_set1_ps(scale);
-    let (mut max, mut total) = ([f32::NEG_INFINITY; H], [0f32; H]);
-    let mut acc = [0f32; 64 * 3];
-    let q = queries.as_ptr();
-    let mut seen = 0;
+    // Rows before `first_row` have seen all their keys.
+    let mut first_row = 0;
+    let mut done = 0;
     // SAFETY: the caller's promise for the features, the keys, the values and the sizes;
     // `acc` holds 64 elements per head; `p` 16 weights per head.
     unsafe {
@@ -236,91 +291,98 @@ unsafe fn heads_avx2<T: KeyElement, const H: usize>(
                 ahead(b + PREFETCH_BLOCKS);
             }
             let mut first = 0;
-            while first < block_size && seen < n {
-                let take = RUN.min(n - seen);
-                // Scores: element e of the run's 16 keys is 16 consecutive keys at
-                // `first + e * block_size`; even elements in one chain, odd in the other.
+            while first < block_size && done < n {
+                while seen[first_row] <= done {
+                    first_row += 1;
+                }
                 let key_base = keys.as_ptr().add(start + first);
-                let mut dots = [[[_mm256_setzero_ps(); 2]; 2]; H];
-                for e in (0..K).step_by(2) {
-                    for chain in 0..2 {
-                        let row = key_base.add((e + chain) * block_size);
-                        let x = [T::load8(row), T::load8(row.add(8))];
-                        for (h, dots) in dots.iter_mut().enumerate() {
-                            let qe = _mm256_broadcast_ss(&*q.add(h * K + e + chain));
-                            dots[chain][0] = _mm256_fmadd_ps(qe, x[0], dots[chain][0]);
-                            dots[chain][1] = _mm256_fmadd_ps(qe, x[1], dots[chain][1]);
-                        }
-                    }
-                }
-                // The softmax step: keys past `take` score -inf, so weigh 0.
-                let past = |half: i32| {
-                    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(take as i32 - half), lane))
-                };
-                let keep = [past(0), past(8)];
-                let mut p = [[0f32; RUN]; H];
-                let mut alpha = [1f32; H];
-                for h in 0..H {
-                    let s: [__m256; 2] = std::array::from_fn(|v| {
-                        let s = _mm256_mul_ps(_mm256_add_ps(dots[h][0][v], dots[h][1][v]), scale);
-                        if take < RUN { _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, keep[v]) } else { s }
-                    });
-                    let run_max = horizontal_max(_mm256_max_ps(s[0], s[1]));
-                    if run_max > max[h] {
-                        alpha[h] = exp(max[h] - run_max);
-                        max[h] = run_max;
-                    }
-                    let m = _mm256_set1_ps(max[h]);
-                    let weights = [exp8(_mm256_sub_ps(s[0], m)), exp8(_mm256_sub_ps(s[1], m))];
-                    _mm256_storeu_ps(p[h].as_mut_ptr(), weights[0]);
-                    _mm256_storeu_ps(p[h].as_mut_ptr().add(8), weights[1]);
-                    total[h] = total[h] * alpha[h] + horizontal_sum(_mm256_add_ps(weights[0], weights[1]));
-                }
-                // The weighted sum: 16 elements of every head at a time over the run's values.
-                let rescale = alpha.iter().any(|&a| a != 1.0);
-                let alphas: [__m256; H] = std::array::from_fn(|h| _mm256_set1_ps(alpha[h]));
                 let value_base = values.as_ptr().add(start + first * K);
-                for slice in (0..K).step_by(16) {
-                    let mut chains: [[[__m256; 2]; 2]; H] = std::array::from_fn(|h| {
-                        let from = |v: usize| {
-                            let a = _mm256_loadu_ps(acc.as_ptr().add(h * K + slice + 8 * v));
-                            // Multiplying by 1 changes nothing: skipped.
-                            if rescale { _mm256_mul_ps(a, alphas[h]) } else { a }
-                        };
-                        [[from(0), from(1)], [_mm256_setzero_ps(); 2]]
-                    });
-                    let mut j = 0;
-                    while j < take {
-                        for (chain, j) in (j..take.min(j + 2)).enumerate() {
-                            let row = value_base.add(j * K + slice);
-                            let x = [T::load8(row), T::load8(row.add(8))];
-                            for (h, chains) in chains.iter_mut().enumerate() {
-                                let w = _mm256_set1_ps(*p[h].get_unchecked(j));
-                                chains[chain][0] = _mm256_fmadd_ps(w, x[0], chains[chain][0]);
-                                chains[chain][1] = _mm256_fmadd_ps(w, x[1], chains[chain][1]);
+                for (row, state) in running.iter_mut().enumerate().skip(first_row) {
+                    let q = queries.as_ptr().add(row * row_len);
+                    let take = RUN.min(seen[row] - done);
+                    // Scores: element e of the run's 16 keys is 16 consecutive keys at
+                    // `first + e * block_size`; even elements in one chain, odd in the other.
+                    let mut dots = [[[_mm256_setzero_ps(); 2]; 2]; H];
+                    for e in (0..K).step_by(2) {
+                        for chain in 0..2 {
+                            let at = key_base.add((e + chain) * block_size);
+                            let x = [T::load8(at), T::load8(at.add(8))];
+                            for (h, dots) in dots.iter_mut().enumerate() {
+                                let qe = _mm256_broadcast_ss(&*q.add(h * K + e + chain));
+                                dots[chain][0] = _mm256_fmadd_ps(qe, x[0], dots[chain][0]);
+                                dots[chain][1] = _mm256_fmadd_ps(qe, x[1], dots[chain][1]);
                             }
                         }
-                        j += 2;
                     }
-                    for (h, [even, odd]) in chains.iter().enumerate() {
-                        for v in 0..2 {
-                            _mm256_storeu_ps(
-                                acc.as_mut_ptr().add(h * K + slice + 8 * v),
-                                _mm256_add_ps(even[v], odd[v]),
-                            );
+                    // The softmax step: keys past `take` score -inf, so weigh 0.
+                    let past = |half: i32| {
+                        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(take as i32 - half), lane))
+                    };
+                    let keep = [past(0), past(8)];
+                    let mut p = [[0f32; RUN]; H];
+                    let mut alpha = [1f32; H];
+                    for h in 0..H {
+                        let s: [__m256; 2] = std::array::from_fn(|v| {
+                            let s = _mm256_mul_ps(_mm256_add_ps(dots[h][0][v], dots[h][1][v]), scale);
+                            if take < RUN { _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, keep[v]) } else { s }
+                        });
+                        let run_max = horizontal_max(_mm256_max_ps(s[0], s[1]));
+                        if run_max > state.max[h] {
+                            alpha[h] = exp(state.max[h] - run_max);
+                            state.max[h] = run_max;
+                        }
+                        let m = _mm256_set1_ps(state.max[h]);
+                        let weights = [exp8(_mm256_sub_ps(s[0], m)), exp8(_mm256_sub_ps(s[1], m))];
+                        _mm256_storeu_ps(p[h].as_mut_ptr(), weights[0]);
+                        _mm256_storeu_ps(p[h].as_mut_ptr().add(8), weights[1]);
+                        state.total[h] =
+                            state.total[h] * alpha[h] + horizontal_sum(_mm256_add_ps(weights[0], weights[1]));
+                    }
+                    // The weighted sum: 16 elements of every head at a time over the run's values.
+                    let rescale = alpha.iter().any(|&a| a != 1.0);
+                    let alphas: [__m256; H] = std::array::from_fn(|h| _mm256_set1_ps(alpha[h]));
+                    let acc = state.acc.as_mut_ptr();
+                    for slice in (0..K).step_by(16) {
+                        let mut chains: [[[__m256; 2]; 2]; H] = std::array::from_fn(|h| {
+                            let from = |v: usize| {
+                                let a = _mm256_loadu_ps(acc.add(h * K + slice + 8 * v));
+                                // Multiplying by 1 changes nothing: skipped.
+                                if rescale { _mm256_mul_ps(a, alphas[h]) } else { a }
+                            };
+                            [[from(0), from(1)], [_mm256_setzero_ps(); 2]]
+                        });
+                        let mut j = 0;
+                        while j < take {
+                            for (chain, j) in (j..take.min(j + 2)).enumerate() {
+                                let at = value_base.add(j * K + slice);
+                                let x = [T::load8(at), T::load8(at.add(8))];
+                                for (h, chains) in chains.iter_mut().enumerate() {
+                                    let w = _mm256_set1_ps(*p[h].get_unchecked(j));
+                                    chains[chain][0] = _mm256_fmadd_ps(w, x[0], chains[chain][0]);
+                                    chains[chain][1] = _mm256_fmadd_ps(w, x[1], chains[chain][1]);
+                                }
+                            }
+                            j += 2;
+                        }
+                        for (h, [even, odd]) in chains.iter().enumerate() {
+                            for v in 0..2 {
+                                _mm256_storeu_ps(acc.add(h * K + slice + 8 * v), _mm256_add_ps(even[v], odd[v]));
+                            }
                         }
                     }
                 }
-                seen += take;
+                done += RUN.min(n - done);
                 first += RUN;
             }
         }
-        for (h, total) in total.iter().enumerate() {
-            let inverse = _mm256_set1_ps(1.0 / total);
-            for e in (0..K).step_by(8) {
-                let a = _mm256_loadu_ps(acc.as_ptr().add(h * K + e));
-                _mm256_storeu_ps(out.as_mut_ptr().add(h * K + e), _mm256_mul_ps(a, inverse));
+        for (row, state) in running.iter().enumerate() {
+            for h in 0..H {
+                let inverse = _mm256_set1_ps(1.0 / state.total[h]);
+                for e in (0..K).step_by(8) {
+                    let a = _mm256_loadu_ps(state.acc.as_ptr().add(h * K + e));
+                    _mm256_storeu_ps(out.as_mut_ptr().add(row * row_len + h * K + e), _mm256_mul_ps(a, inverse));
+                }
             }
         }
     }
@@ -501,7 +563,7 @@ mod tests {
                         &values16,
                         &blocks,
                         block_size,
-                        n,
+                        &[n],
                         0.125,
                         &mut got,
                         |b| asked.borrow_mut().push(b),
@@ -519,12 +581,99 @@ mod tests {
                         &values32,
                         &blocks,
                         block_size,
-                        n,
+                        &[n],
                         0.125,
                         &mut got,
                         |_| {},
                     );
                     check(&got, &|i| keys32[i], &|i| values32[i], "f32");
+                }
+            }
+        }
+    }
+
+    /// `run(out, queries, row)`: [`attend`] of every row (`row` `usize::MAX`) or of that one.
+    type AttendRows<'a> = dyn Fn(&mut [f32], &[f32], usize) + 'a;
+
+    /// Rows of one sequence attended together (a chunk: the rows see non-decreasing key
+    /// counts, equal ones too) each get the numbers of that row attended alone, bit for bit,
+    /// for 1 to 7 heads, f16 and f32, with the reference where the vector kernel cannot run.
+    #[test]
+    fn rows_attended_together_equal_each_row_alone() {
+        let head_dim = 64;
+        let block_size = 16;
+        let per_block = head_dim * block_size;
+        let pool = 20;
+        let keys16: Vec<f16> = values(pool * per_block, 8).iter().map(|&x| f16::from_f32(x)).collect();
+        let values16: Vec<f16> = values(pool * per_block, 9).iter().map(|&x| f16::from_f32(x)).collect();
+        let keys32 = values(pool * per_block, 10);
+        let values32 = values(pool * per_block, 11);
+        let blocks: Vec<usize> = (0..pool).map(|b| ((b * 3 + 5) % pool) * per_block).collect();
+        let spans: [&[usize]; 5] = [
+            &[1, 2, 3],
+            &[15, 16, 17, 18],
+            &[40, 40, 41, 60],
+            &[100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115],
+            &[7, 250, 320],
+        ];
+        for lanes in [KeyLanes::detect(block_size), KeyLanes::Scalar] {
+            for heads in 1..=7usize {
+                for seen in spans {
+                    let row_len = heads * head_dim;
+                    let queries: Vec<f32> =
+                        values(seen.len() * row_len, 20 + heads as u64).iter().map(|x| 3.0 * x).collect();
+                    let check = |run: &AttendRows, what: &str| {
+                        let mut together = vec![f32::NAN; queries.len()];
+                        run(&mut together, &queries, usize::MAX);
+                        for (r, &n) in seen.iter().enumerate() {
+                            let mut alone = vec![f32::NAN; row_len];
+                            run(&mut alone, &queries[r * row_len..][..row_len], r);
+                            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(&together[r * row_len..][..row_len]),
+                                bits(&alone),
+                                "{what} {lanes:?}: {heads} heads, rows {seen:?}, row {r} (n {n})"
+                            );
+                        }
+                    };
+                    // `row` usize::MAX: every row together; otherwise that row alone.
+                    let seen_of = |row: usize| if row == usize::MAX { seen.to_vec() } else { vec![seen[row]] };
+                    check(
+                        &|out, q, row| {
+                            attend(
+                                lanes,
+                                q,
+                                head_dim,
+                                &keys16,
+                                &values16,
+                                &blocks,
+                                block_size,
+                                &seen_of(row),
+                                0.125,
+                                out,
+                                |_| {},
+                            )
+                        },
+                        "f16",
+                    );
+                    check(
+                        &|out, q, row| {
+                            attend(
+                                lanes,
+                                q,
+                                head_dim,
+                                &keys32,
+                                &values32,
+                                &blocks,
+                                block_size,
+                                &seen_of(row),
+                                0.125,
+                                out,
+                                |_| {},
+                            )
+                        },
+                        "f32",
+                    );
                 }
             }
         }
