@@ -52,7 +52,8 @@ pub struct EngineConfig {
     pub kv_cache_max_bytes: usize,
     /// Share cached full blocks between sequences with the same prefix.
     pub prefix_caching: bool,
-    /// Element type of the KV cache.
+    /// Element type of the KV cache; by default the fastest 2-byte one on this CPU
+    /// ([`KvDtype::fastest`]).
     pub kv_cache_dtype: KvDtype,
     /// Compute constraint masks on worker threads while the forward pass runs (DSpark's
     /// overlap). Off, each mask is computed at sampling time, synchronously (the classic
@@ -105,7 +106,7 @@ impl Default for EngineConfig {
             kv_cache_tokens: None,
             kv_cache_max_bytes: 2 << 30,
             prefix_caching: true,
-            kv_cache_dtype: KvDtype::F16,
+            kv_cache_dtype: KvDtype::fastest(),
             overlap_masks: true,
             masked_logits: true,
             guesses: true,

@@ -21,6 +21,8 @@ use dspark_host::engine::backend::{Backend, ForwardBatch, KvDtype, KvShape};
 use dspark_host::engine::{CpuBackend, EngineConfig, GenerationRequest, LlmEngine, Model, SamplingParams, load_model};
 use serde_json::json;
 
+use crate::serve::config::KvCacheDtype;
+
 /// Arguments of `dspark engine-bench`.
 #[derive(Debug, clap::Args)]
 pub struct EngineBenchArgs {
@@ -42,6 +44,9 @@ pub struct EngineBenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// The KV cache's element type (auto: bf16 where the CPU has AVX-512 BF16, else f16).
+    #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
+    kv_cache_dtype: KvCacheDtype,
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -73,6 +78,7 @@ fn tokens(n: usize, salt: usize, vocab: usize) -> Vec<u32> {
 struct Bench<'a> {
     model: &'a Model<CpuBackend>,
     vocab: usize,
+    dtype: KvDtype,
 }
 
 impl Bench<'_> {
@@ -85,7 +91,7 @@ impl Bench<'_> {
             block_size: 16,
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
-            dtype: KvDtype::F16,
+            dtype: self.dtype,
         };
         self.model.backend().kv_cache(shape)
     }
@@ -174,8 +180,10 @@ fn peak_rss_bytes() -> Option<u64> {
 fn rss_run(
     model: Arc<Model<CpuBackend>>,
     tokenizer: Arc<dspark_host::engine::ModelTokenizer>,
+    dtype: KvDtype,
 ) -> anyhow::Result<(u64, f64)> {
     let config = EngineConfig {
+        kv_cache_dtype: dtype,
         max_num_seqs: 16,
         max_model_len: Some(2048),
         max_num_batched_tokens: 2048,
@@ -206,7 +214,8 @@ pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
     let bandwidth = copy_bandwidth();
     let weight_bytes = model.weight_bytes();
     let floor = weight_bytes as f64 / bandwidth;
-    let bench = Bench { model: &model, vocab: model.config().vocab_size };
+    let bench_dtype = args.kv_cache_dtype.resolve();
+    let bench = Bench { model: &model, vocab: model.config().vocab_size, dtype: bench_dtype };
     let mut decode = Vec::new();
     for batch in [1usize, 4, 16] {
         let step = bench.decode(batch, args.context, args.steps)?;
@@ -217,7 +226,7 @@ pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
     let single_step = decode[0].1;
     let rss = if args.rss {
         let model = Arc::new(model);
-        Some(rss_run(model, Arc::new(tokenizer))?)
+        Some(rss_run(model, Arc::new(tokenizer), bench_dtype)?)
     } else {
         None
     };
@@ -226,6 +235,7 @@ pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
         "model": args.model.display().to_string(),
         "target_cpu_features": {"avx2": cfg!(target_feature = "avx2"), "fma": cfg!(target_feature = "fma")},
         "threads": rayon_threads(),
+        "kv_cache_dtype": format!("{bench_dtype:?}").to_lowercase(),
         "copy_bandwidth_gb_s": bandwidth / 1e9,
         "weight_bytes": weight_bytes,
         "decode_floor_ms": floor * 1e3,
@@ -246,6 +256,7 @@ pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
     }
     println!("model                 {}", args.model.display());
     println!("AVX2/FMA kernels      {}", cfg!(target_feature = "avx2") && cfg!(target_feature = "fma"));
+    println!("KV cache              {:?}", bench_dtype);
     println!("copy bandwidth        {:.2} GB/s", bandwidth / 1e9);
     println!("weights read / step   {:.1} MB -> floor {:.2} ms", weight_bytes as f64 / 1e6, floor * 1e3);
     for &(b, s) in &decode {

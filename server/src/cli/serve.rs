@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use dspark_host::plugin::RuntimeConfig;
 
-use crate::serve::config::EntryConfig;
+use crate::serve::config::{EntryConfig, KvCacheDtype};
 use crate::serve::{ServeOptions, cli_entry};
 
 /// The default model, fetched by `scripts/fetch-assets.sh`.
@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// Batch-invariant kernels for --model: greedy answers independent of batching.
     #[arg(long)]
     batch_invariant: bool,
+    /// The KV cache's element type for --model: auto (bf16 where the CPU has AVX-512 BF16,
+    /// else f16), f16, bf16 or f32.
+    #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
+    kv_cache_dtype: KvCacheDtype,
     /// GPUStack-style model entries (YAML, one `kind: Model` document each), reloaded on change.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -92,6 +96,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             batch_invariant: args.batch_invariant,
             num_speculative_tokens: args.num_speculative_tokens,
             extra_rows_beside_unconstrained: args.extra_rows_beside_unconstrained,
+            kv_cache_dtype: args.kv_cache_dtype,
             ..EntryConfig::default()
         };
         config.validate().context("--model")?;

@@ -90,6 +90,7 @@ impl Worker {
             guesses: config.dspark && config.speculate,
             prompt_lookup: config.prompt_lookup(),
             extra_rows_beside_plain: config.extra_rows_beside_unconstrained,
+            kv_cache_dtype: config.kv_cache_dtype.resolve(),
             ..EngineConfig::default()
         };
         let vocab_size = model.config().vocab_size;

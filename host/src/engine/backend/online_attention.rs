@@ -66,14 +66,14 @@ pub fn exp(x: f32) -> f32 {
 }
 
 /// Below this [`exp`] returns 0 (exp(-87) is about 1.6e-38, near the smallest normal f32).
-const EXP_MIN: f32 = -87.0;
+pub(super) const EXP_MIN: f32 = -87.0;
 /// Above this [`exp`] takes the input as this (exp(88) is about 1.65e38).
-const EXP_MAX: f32 = 88.0;
+pub(super) const EXP_MAX: f32 = 88.0;
 /// `ln 2` in two parts: the first exact in few bits, so `n * LN2_HI` is exact.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
+pub(super) const LN2_HI: f32 = 0.693_359_4;
+pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
 /// Cephes' `expf` coefficients, highest power first: `exp(r) ~ 1 + r + r^2 P(r)`.
-const EXP_POLY: [f32; 6] = [1.987_569_2e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
+pub(super) const EXP_POLY: [f32; 6] = [1.987_569_2e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
 
 /// The specification of one head's output ([module docs](self)): `n` keys, `key(j, e)` and
 /// `value(j, e)` element `e` of key and value `j`, `out` of the query's length. The loop of
@@ -403,7 +403,7 @@ fn horizontal_max(v: std::arch::x86_64::__m256) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-fn horizontal_sum(v: std::arch::x86_64::__m256) -> f32 {
+pub(super) fn horizontal_sum(v: std::arch::x86_64::__m256) -> f32 {
     use std::arch::x86_64::*;
     let a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let b = _mm_add_ps(a, _mm_movehl_ps(a, a));

@@ -1,0 +1,691 @@
+//! Attention over a bf16 KV cache in one pass, with the CPU's bf16 pair dot products
+//! (`vdpbf16ps`, AVX-512 BF16) for both the scores and the weighted sum of values.
+//!
+//! Why bf16: attention over an f16 cache ([`super::online_attention`]) is bound by its f32
+//! fused multiply-adds (16 per head and key, about a quarter of a serving step at
+//! concurrency 8). `vdpbf16ps` does two multiply-adds per f32 lane, straight from bf16
+//! inputs, so the same work is 4 instructions per head and key and no conversions. bf16 is
+//! also what SmolLM2, Qwen2.5 and most current models are trained and shipped in, and what
+//! GPU servers (vLLM, SGLang) keep their caches and run their attention matmuls in; it has
+//! f32's range (no overflow of large activations) and 8 bits of mantissa against f16's 11.
+//!
+//! Layout. Each (block, kv head) holds `block_size * head_dim` bf16 values (as `u16` bits),
+//! in pairs the instruction multiplies together:
+//! - keys by element pairs: elements `2p` and `2p + 1` of slot `j` at `p * 2 * block_size +
+//!   2 * j` and the next one ([`key_index`]), so a 64-byte vector holds pair `p` of 16
+//!   consecutive slots, one slot per f32 lane;
+//! - values by slot pairs: element `e` of slots `2i` and `2i + 1` at `i * 2 * head_dim + 2 * e`
+//!   and the next one ([`value_index`]), so a vector holds 16 elements of two slots.
+//!
+//! Numerics, a fixed function of the row (the same whatever batch, chunk or step the row
+//! comes in); the vector kernel computes exactly [`reference_head`]. `bf16(x)` is
+//! [`to_bf16`] (round to nearest even, zero and subnormals to signed zero, as
+//! `vcvtneps2bf16`), `dot2(c, a, b) = ftz(fma(a0, b0, ftz(fma(a1, b1, c))))` with `ftz`
+//! flushing a subnormal result to signed zero ([`dot2`], what `vdpbf16ps` does per lane: odd
+//! element first, subnormal inputs and outputs flushed):
+//!
+//! ```text
+//! q = bf16(query), m = -inf, l = 0, acc = 0
+//! for each run of keys 16r .. 16r + t (t <= 16):
+//!     s_j   = ((c0 + c1) + (c2 + c3)) * scale, from c_i = 0 and for p in 0..32:
+//!             c_(p mod 4) = dot2(c_(p mod 4), q[2p, 2p+1], k_j[2p, 2p+1])    (s_j = -inf past t)
+//!     alpha = exp(m - max_j s_j) and m = max_j s_j   if that max exceeds m, else alpha = 1
+//!     w_j   = bf16(exp(s_j - m))                                            (0 past t)
+//!     l     = l * alpha + (((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))), v_i = w_i + w_(i+8)
+//!     acc_e = acc_e * alpha, then for each pair of keys (j, j + 1) of the run with j < t:
+//!             acc_e = dot2(acc_e, w[j, j+1], v[j, j+1][e])     (v_(j+1) taken as 0 past t)
+//! out_e = acc_e * (1 / l)
+//! ```
+//!
+//! `exp` is [`super::online_attention::exp`], the same function the f16 path uses. The
+//! denominator sums the weights as rounded to bf16, the ones the values are weighted by.
+//!
+//! CPUs without AVX-512 BF16 run [`reference_head`] per row and head: correct, and several
+//! times slower than the f16 path, which is why the engine picks bf16 only where the
+//! instruction exists ([`super::KvDtype::fastest`]).
+
+use super::online_attention::exp;
+#[cfg(target_arch = "x86_64")]
+use super::online_attention::horizontal_sum;
+
+/// Keys per step of the online softmax: one 16-lane vector of scores.
+pub const RUN: usize = 16;
+
+/// How many blocks ahead [`attend`] calls `ahead`.
+const PREFETCH_BLOCKS: usize = 4;
+
+/// `x` rounded to bf16 (as `u16` bits) the way `vcvtneps2bf16` rounds: to nearest, ties to
+/// even; zero and subnormal inputs give zero of the same sign; NaN gives a quiet NaN.
+pub fn to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) as u16) | 0x0040;
+    }
+    if x == 0.0 || x.is_subnormal() {
+        return ((bits >> 16) & 0x8000) as u16;
+    }
+    let rounding = 0x7FFF + ((bits >> 16) & 1);
+    (bits.wrapping_add(rounding) >> 16) as u16
+}
+
+/// The f32 value of bf16 bits (exact).
+pub fn from_bf16(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// Where element `e` of slot `slot` of a block's keys is, from the block's start.
+pub fn key_index(e: usize, slot: usize, block_size: usize) -> usize {
+    (e / 2) * 2 * block_size + 2 * slot + e % 2
+}
+
+/// Where element `e` of slot `slot` of a block's values is, from the block's start.
+pub fn value_index(e: usize, slot: usize, head_dim: usize) -> usize {
+    (slot / 2) * 2 * head_dim + 2 * e + slot % 2
+}
+
+/// A subnormal `x` as zero of its sign, anything else unchanged.
+fn ftz(x: f32) -> f32 {
+    if x.is_subnormal() { 0f32.copysign(x) } else { x }
+}
+
+/// One lane of `vdpbf16ps`: `c + a1 b1 + a0 b0`, the odd pair's product first, each step a
+/// fused multiply-add whose subnormal result is flushed (the inputs are bf16, never
+/// subnormal after [`to_bf16`]).
+pub fn dot2(c: f32, a: [f32; 2], b: [f32; 2]) -> f32 {
+    ftz(a[0].mul_add(b[0], ftz(a[1].mul_add(b[1], c))))
+}
+
+/// The specification of one head's output ([module docs](self)): `n` keys, `key(j, e)` and
+/// `value(j, e)` element `e` of key and value `j` (bf16 bits), `out` of the query's length
+/// (even). The loop of [`attend`] where its vector kernel cannot run, and what that kernel is
+/// tested against.
+pub fn reference_head(
+    query: &[f32],
+    n: usize,
+    key: impl Fn(usize, usize) -> u16,
+    value: impl Fn(usize, usize) -> u16,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let q: Vec<f32> = query.iter().map(|&x| from_bf16(to_bf16(x))).collect();
+    let (mut max, mut total) = (f32::NEG_INFINITY, 0f32);
+    out.fill(0.0);
+    let mut scores = [0f32; RUN];
+    for first in (0..n).step_by(RUN) {
+        let take = RUN.min(n - first);
+        for (j, score) in scores.iter_mut().enumerate() {
+            *score = if j < take {
+                let mut chains = [0f32; 4];
+                for p in 0..q.len() / 2 {
+                    let k = |e: usize| from_bf16(key(first + j, e));
+                    chains[p % 4] = dot2(chains[p % 4], [q[2 * p], q[2 * p + 1]], [k(2 * p), k(2 * p + 1)]);
+                }
+                ((chains[0] + chains[1]) + (chains[2] + chains[3])) * scale
+            } else {
+                f32::NEG_INFINITY
+            };
+        }
+        let run_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        let mut alpha = 1.0;
+        if run_max > max {
+            alpha = exp(max - run_max);
+            max = run_max;
+        }
+        let w: [f32; RUN] = std::array::from_fn(|j| from_bf16(to_bf16(exp(scores[j] - max))));
+        let v: [f32; 8] = std::array::from_fn(|i| w[i] + w[i + 8]);
+        total = total * alpha + (((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
+        for (e, out) in out.iter_mut().enumerate() {
+            let mut acc = *out * alpha;
+            for j in (0..take).step_by(2) {
+                let odd = if j + 1 < take { from_bf16(value(first + j + 1, e)) } else { 0.0 };
+                acc = dot2(acc, [w[j], w[j + 1]], [from_bf16(value(first + j, e)), odd]);
+            }
+            *out = acc;
+        }
+    }
+    let inverse = 1.0 / total;
+    for out in out.iter_mut() {
+        *out *= inverse;
+    }
+}
+
+/// Whether [`attend`] runs its vector kernel here (AVX-512 F and BF16) for head size 64.
+pub fn accelerated() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        has!("avx512f") && has!("avx512bf16") && has!("avx2") && has!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The attention of a group of heads sharing one kv head, for one or more rows of a sequence
+/// ([module docs](self)); the arguments as [`super::online_attention::attend`]'s, over a bf16
+/// cache in this module's layout: row `r` sees the first `seen[r]` positions (`seen`
+/// non-decreasing), `queries` and `out` hold each row's heads one after the other, `blocks`
+/// where each block starts in `keys` and `values`, `ahead(b)` prefetches block `b`.
+///
+/// Every row gets exactly the numbers it would get alone. With AVX-512 BF16, head size 64 and
+/// block sizes that are multiples of [`RUN`] the vector kernel runs; otherwise
+/// [`reference_head`] per row and head.
+///
+/// # Panics
+/// If `queries` and `out` differ in length or are not a multiple of `seen.len() * head_dim`,
+/// `head_dim` or `block_size` is odd, `seen` is empty or decreases, `blocks` holds fewer than
+/// `max(seen).div_ceil(block_size)` starts, or a used block runs past the end of `keys` or
+/// `values`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    queries: &[f32],
+    head_dim: usize,
+    keys: &[u16],
+    values: &[u16],
+    blocks: &[usize],
+    block_size: usize,
+    seen: &[usize],
+    scale: f32,
+    out: &mut [f32],
+    ahead: impl Fn(usize),
+) {
+    let rows = seen.len();
+    assert!(rows > 0 && seen.windows(2).all(|w| w[0] <= w[1]), "rows must see non-decreasing key counts");
+    assert!(head_dim > 0 && head_dim.is_multiple_of(2) && block_size.is_multiple_of(2) && block_size > 0);
+    let n = seen[rows - 1];
+    let row_len = queries.len() / rows;
+    assert!(queries.len() == out.len() && queries.len() == rows * row_len && row_len.is_multiple_of(head_dim));
+    let heads = row_len / head_dim;
+    let used = n.div_ceil(block_size);
+    assert!(blocks.len() >= used);
+    let per_block = head_dim * block_size;
+    let inside =
+        |start: &usize| start.checked_add(per_block).is_some_and(|end| end <= keys.len() && end <= values.len());
+    assert!(blocks[..used].iter().all(inside));
+    let blocks = &blocks[..used];
+    #[cfg(target_arch = "x86_64")]
+    if head_dim == 64 && block_size.is_multiple_of(RUN) && accelerated() {
+        let mut running = Vec::new();
+        for first_head in (0..heads).step_by(3) {
+            let kernel: Kernel = match (heads - first_head).min(3) {
+                1 => heads_avx512::<1>,
+                2 => heads_avx512::<2>,
+                _ => heads_avx512::<3>,
+            };
+            let at = first_head * head_dim;
+            // SAFETY: AVX-512 F and BF16 checked by `accelerated`; every used block's keys
+            // and values are inside `keys` and `values` (asserted above); the block size is a
+            // multiple of 16; rows of `row_len` elements hold the group's heads from `at` on.
+            unsafe {
+                kernel(
+                    &queries[at..],
+                    &mut out[at..],
+                    row_len,
+                    seen,
+                    keys,
+                    values,
+                    blocks,
+                    block_size,
+                    scale,
+                    &ahead,
+                    &mut running,
+                )
+            };
+        }
+        return;
+    }
+    let _ = ahead;
+    let slot = |j: usize| (blocks[j / block_size], j % block_size);
+    let key = |j: usize, e: usize| {
+        let (start, s) = slot(j);
+        keys[start + key_index(e, s, block_size)]
+    };
+    let value = |j: usize, e: usize| {
+        let (start, s) = slot(j);
+        values[start + value_index(e, s, head_dim)]
+    };
+    let rows = queries.chunks(row_len).zip(out.chunks_mut(row_len)).zip(seen);
+    for ((queries, out), &n) in rows {
+        for (query, out) in queries.chunks(head_dim).zip(out.chunks_mut(head_dim)) {
+            reference_head(query, n, key, value, scale, out);
+        }
+    }
+}
+
+/// One row's running softmax for up to 3 heads of 64, and its queries as bf16 pairs.
+#[derive(Clone, Copy)]
+struct Running {
+    max: [f32; 3],
+    total: [f32; 3],
+    acc: [f32; 64 * 3],
+    /// Query pair `p` of head `h` at `32 h + p`: two bf16 in one 32-bit word, as broadcast.
+    query: [u32; 32 * 3],
+}
+
+impl Running {
+    const START: Self = Self { max: [f32::NEG_INFINITY; 3], total: [0.0; 3], acc: [0.0; 64 * 3], query: [0; 32 * 3] };
+}
+
+/// [`heads_avx512`] for one head count.
+#[cfg(target_arch = "x86_64")]
+type Kernel = unsafe fn(
+    &[f32],
+    &mut [f32],
+    usize,
+    &[usize],
+    &[u16],
+    &[u16],
+    &[usize],
+    usize,
+    f32,
+    &dyn Fn(usize),
+    &mut Vec<Running>,
+);
+
+/// [`attend`]'s kernel for `H` heads of 64 in each of `seen.len()` rows (row `r`'s queries at
+/// `r * row_len` in `queries`, its outputs there in `out`). Per run of 16 keys and row: the
+/// scores of every head in four chains of one vector each (12 accumulators for 3 heads, one
+/// `vdpbf16ps` per element pair and head), the softmax step in registers, then the weighted
+/// sum: per pair of keys 4 value vectors shared by the heads, one `vdpbf16ps` per vector and
+/// head into the row's 12 accumulators. A run's keys and values are read from memory once for
+/// all the rows, from L1 after the first. `running` is scratch, one [`Running`] per row.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BF16, AVX2 and FMA; `block_size` is a multiple of 16; every
+/// start in `blocks` begins `64 * block_size` readable keys and values; `seen` is non-empty
+/// and non-decreasing, its last at most `blocks.len() * block_size`; `queries` and `out` hold
+/// `(seen.len() - 1) * row_len + 64 H` elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn heads_avx512<const H: usize>(
+    queries: &[f32],
+    out: &mut [f32],
+    row_len: usize,
+    seen: &[usize],
+    keys: &[u16],
+    values: &[u16],
+    blocks: &[usize],
+    block_size: usize,
+    scale: f32,
+    ahead: &dyn Fn(usize),
+    running: &mut Vec<Running>,
+) {
+    use std::arch::x86_64::*;
+    const K: usize = 64;
+    let rows = seen.len();
+    debug_assert!(H <= 3 && queries.len() >= (rows - 1) * row_len + H * K && out.len() >= queries.len());
+    let n = seen[rows - 1];
+    running.clear();
+    running.resize(rows, Running::START);
+    let scale = _mm512_set1_ps(scale);
+    // SAFETY: the caller's promise for the features, the keys, the values and the sizes;
+    // `acc` holds 64 elements per head, `query` 32 pairs per head; `w` 8 pairs per head.
+    unsafe {
+        for (row, state) in running.iter_mut().enumerate() {
+            for h in 0..H {
+                for half in 0..2 {
+                    // Elements 32 half .. 32 half + 32 of the head: 16 pairs.
+                    let q = queries.as_ptr().add(row * row_len + h * K + 32 * half);
+                    let pairs = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q.add(16)), _mm512_loadu_ps(q));
+                    _mm512_storeu_si512(state.query.as_mut_ptr().add(32 * h + 16 * half).cast(), pairs_bits(pairs));
+                }
+            }
+        }
+        // Rows before `first_row` have seen all their keys.
+        let mut first_row = 0;
+        let mut done = 0;
+        for (b, &start) in blocks.iter().enumerate() {
+            if b + PREFETCH_BLOCKS < blocks.len() {
+                ahead(b + PREFETCH_BLOCKS);
+            }
+            let mut first = 0;
+            while first < block_size && done < n {
+                while seen[first_row] <= done {
+                    first_row += 1;
+                }
+                // Pair p of the run's 16 slots: 16 words at `start + p * 2 * block_size + 2 * first`.
+                let key_base = keys.as_ptr().add(start + 2 * first);
+                // The run's slot pairs: 2 * 64 bf16 each, from `start + first * 64`.
+                let value_base = values.as_ptr().add(start + first * K);
+                for (row, state) in running.iter_mut().enumerate().skip(first_row) {
+                    let take = RUN.min(seen[row] - done);
+                    let mut dots = [[_mm512_setzero_ps(); 4]; H];
+                    for p4 in (0..K / 2).step_by(4) {
+                        for chain in 0..4 {
+                            let p = p4 + chain;
+                            let x = bf16_pairs(_mm512_loadu_si512(key_base.add(p * 2 * block_size).cast()));
+                            for (h, dots) in dots.iter_mut().enumerate() {
+                                let qp = _mm512_set1_epi32(*state.query.get_unchecked(32 * h + p) as i32);
+                                dots[chain] = _mm512_dpbf16_ps(dots[chain], x, bf16_pairs(qp));
+                            }
+                        }
+                    }
+                    // The softmax step: keys past `take` score -inf, so weigh 0.
+                    let keep: __mmask16 = if take == RUN { 0xFFFF } else { (1u16 << take) - 1 };
+                    let mut w = [[0u32; RUN / 2]; H];
+                    let mut alpha = [1f32; H];
+                    for h in 0..H {
+                        let [c0, c1, c2, c3] = dots[h];
+                        let s = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)), scale);
+                        let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep, s);
+                        let run_max = _mm512_reduce_max_ps(s);
+                        if run_max > state.max[h] {
+                            alpha[h] = exp(state.max[h] - run_max);
+                            state.max[h] = run_max;
+                        }
+                        let weights = exp16(_mm512_sub_ps(s, _mm512_set1_ps(state.max[h])));
+                        let rounded = _mm512_cvtneps_pbh(weights);
+                        _mm256_storeu_si256(w[h].as_mut_ptr().cast(), half_bits(rounded));
+                        // The weights as rounded, back in f32 (exact), summed in the spec's order.
+                        let back =
+                            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(half_bits(rounded))));
+                        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(back)));
+                        let v = _mm256_add_ps(_mm512_castps512_ps256(back), high);
+                        state.total[h] = state.total[h] * alpha[h] + horizontal_sum(v);
+                    }
+                    // The weighted sum: all 64 elements of every head, a pair of keys at a time.
+                    let rescale = alpha.iter().any(|&a| a != 1.0);
+                    let acc = state.acc.as_mut_ptr();
+                    let mut sums: [[__m512; 4]; H] = std::array::from_fn(|h| {
+                        std::array::from_fn(|v| {
+                            let a = _mm512_loadu_ps(acc.add(h * K + 16 * v));
+                            // Multiplying by 1 changes nothing: skipped.
+                            if rescale { _mm512_mul_ps(a, _mm512_set1_ps(alpha[h])) } else { a }
+                        })
+                    });
+                    for pair in 0..take.div_ceil(2) {
+                        let at = value_base.add(pair * 2 * K);
+                        let mut x: [__m512i; 4] = std::array::from_fn(|v| _mm512_loadu_si512(at.add(32 * v).cast()));
+                        if 2 * pair + 1 == take {
+                            // The pair's second key is past `take`: its values count 0.
+                            for x in x.iter_mut() {
+                                *x = _mm512_and_si512(*x, _mm512_set1_epi32(0xFFFF));
+                            }
+                        }
+                        for (h, sums) in sums.iter_mut().enumerate() {
+                            let wp = _mm512_set1_epi32(*w[h].get_unchecked(pair) as i32);
+                            for (sum, x) in sums.iter_mut().zip(x) {
+                                *sum = _mm512_dpbf16_ps(*sum, bf16_pairs(x), bf16_pairs(wp));
+                            }
+                        }
+                    }
+                    for (h, sums) in sums.iter().enumerate() {
+                        for (v, sum) in sums.iter().enumerate() {
+                            _mm512_storeu_ps(acc.add(h * K + 16 * v), *sum);
+                        }
+                    }
+                }
+                done += RUN.min(n - done);
+                first += RUN;
+            }
+        }
+        for (row, state) in running.iter().enumerate() {
+            for h in 0..H {
+                let inverse = _mm512_set1_ps(1.0 / state.total[h]);
+                for e in (0..K).step_by(16) {
+                    let a = _mm512_loadu_ps(state.acc.as_ptr().add(h * K + e));
+                    _mm512_storeu_ps(out.as_mut_ptr().add(row * row_len + h * K + e), _mm512_mul_ps(a, inverse));
+                }
+            }
+        }
+    }
+}
+
+/// 32 bf16 as the integer vector of their bits.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn pairs_bits(x: std::arch::x86_64::__m512bh) -> std::arch::x86_64::__m512i {
+    // SAFETY: two 512-bit vector types of the same size; any bits are valid for both.
+    unsafe { std::mem::transmute(x) }
+}
+
+/// 16 bf16 as the integer vector of their bits.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn half_bits(x: std::arch::x86_64::__m256bh) -> std::arch::x86_64::__m256i {
+    // SAFETY: two 256-bit vector types of the same size; any bits are valid for both.
+    unsafe { std::mem::transmute(x) }
+}
+
+/// An integer vector's bits as 32 bf16.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn bf16_pairs(x: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m512bh {
+    // SAFETY: two 512-bit vector types of the same size; any bits are valid for both.
+    unsafe { std::mem::transmute(x) }
+}
+
+/// [`exp`] of 16 lanes, the same operations lane by lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use super::online_attention::{EXP_MAX, EXP_MIN, EXP_POLY, LN2_HI, LN2_LO};
+    use std::arch::x86_64::*;
+    // `!(x >= EXP_MIN)` gives 0, NaN included (an ordered comparison is false for NaN).
+    let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(EXP_MIN));
+    let x = _mm512_min_ps(x, _mm512_set1_ps(EXP_MAX));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+    let mut p = _mm512_set1_ps(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0));
+    let power = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)));
+    _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(power)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The edge values of the conversion, and where the CPU has the instructions, the scalar
+    /// conversion and `dot2` are exactly `vcvtne2ps2bf16` and `vdpbf16ps`, subnormal results
+    /// included.
+    #[test]
+    fn the_conversion_and_the_pair_product_are_the_instructions() {
+        assert_eq!(to_bf16(1.0), 0x3F80);
+        assert_eq!(to_bf16(-2.0), 0xC000);
+        // Ties to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
+        assert_eq!(to_bf16(1.0 + 1.0 / 256.0), 0x3F80);
+        assert_eq!(to_bf16(1.0 + 3.0 / 256.0), 0x3F82);
+        assert_eq!(to_bf16(f32::MIN_POSITIVE / 4.0), 0);
+        assert_eq!(to_bf16(-f32::MIN_POSITIVE / 4.0), 0x8000);
+        assert_eq!(to_bf16(f32::INFINITY), 0x7F80);
+        assert_eq!(to_bf16(f32::MAX), 0x7F80);
+        assert!(from_bf16(to_bf16(f32::NAN)).is_nan());
+        assert_eq!(dot2(1.0, [2.0, 3.0], [4.0, 5.0]), 24.0);
+        #[cfg(target_arch = "x86_64")]
+        if accelerated() {
+            let mut xs = values(4096, 3);
+            xs.iter_mut().enumerate().for_each(|(i, x)| *x *= [1.0, 1e-19, 1e-36, 1e30][i % 4]);
+            xs.extend([0.0, -0.0, f32::MIN_POSITIVE, f32::MIN_POSITIVE / 3.0, 1.0 + 1.0 / 256.0, f32::MAX]);
+            while !xs.len().is_multiple_of(32) {
+                xs.push(0.5);
+            }
+            for chunk in xs.chunks(32) {
+                let (a, b, c): ([u16; 32], [u16; 32], [f32; 16]);
+                // SAFETY: AVX-512 F and BF16 checked by `accelerated`.
+                unsafe {
+                    use std::arch::x86_64::*;
+                    a = std::mem::transmute::<__m512bh, [u16; 32]>(_mm512_cvtne2ps_pbh(
+                        _mm512_loadu_ps(chunk.as_ptr().add(16)),
+                        _mm512_loadu_ps(chunk.as_ptr()),
+                    ));
+                    let reversed: Vec<f32> = chunk.iter().rev().copied().collect();
+                    b = std::mem::transmute::<__m512bh, [u16; 32]>(_mm512_cvtne2ps_pbh(
+                        _mm512_loadu_ps(reversed.as_ptr().add(16)),
+                        _mm512_loadu_ps(reversed.as_ptr()),
+                    ));
+                    let start: Vec<f32> = chunk[..16].iter().map(|x| x * 1e-3).collect();
+                    c = std::mem::transmute::<__m512, [f32; 16]>(_mm512_dpbf16_ps(
+                        _mm512_loadu_ps(start.as_ptr()),
+                        std::mem::transmute::<[u16; 32], __m512bh>(a),
+                        std::mem::transmute::<[u16; 32], __m512bh>(b),
+                    ));
+                    for i in 0..32 {
+                        assert_eq!(a[i], to_bf16(chunk[i]), "convert {}", chunk[i]);
+                    }
+                    for i in 0..16 {
+                        let f = |x: &[u16; 32], k: usize| from_bf16(x[k]);
+                        let want = dot2(start[i], [f(&a, 2 * i), f(&a, 2 * i + 1)], [f(&b, 2 * i), f(&b, 2 * i + 1)]);
+                        assert_eq!(c[i].to_bits(), want.to_bits(), "lane {i} of {chunk:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The specification is softmax attention, to bf16's precision: within 2e-2 of it
+    /// computed in f64 from the unrounded inputs (keys, values and weights each round to 8
+    /// bits of mantissa).
+    #[test]
+    fn the_reference_is_softmax_attention() {
+        let head_dim = 64;
+        for n in [1usize, 15, 16, 17, 100, 700] {
+            let query: Vec<f32> = values(head_dim, 1).iter().map(|x| 4.0 * x).collect();
+            let keys = values(n * head_dim, 2);
+            let vals = values(n * head_dim, 3);
+            let mut out = vec![0f32; head_dim];
+            let key = |j: usize, e: usize| to_bf16(keys[j * head_dim + e]);
+            let value = |j: usize, e: usize| to_bf16(vals[j * head_dim + e]);
+            reference_head(&query, n, key, value, 0.125, &mut out);
+            let scores: Vec<f64> = (0..n)
+                .map(|j| (0..head_dim).map(|e| query[e] as f64 * keys[j * head_dim + e] as f64).sum::<f64>() * 0.125)
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for (e, &got) in out.iter().enumerate() {
+                let want: f64 =
+                    weights.iter().enumerate().map(|(j, w)| w * vals[j * head_dim + e] as f64).sum::<f64>() / total;
+                assert!((got as f64 - want).abs() <= 2e-2, "n {n}, element {e}: {got} vs {want}");
+            }
+        }
+    }
+
+    /// A cache of `pool` blocks of `block_size` slots (64 elements) in the paired layout,
+    /// from f32 keys and values slot-major per block.
+    fn paired(keys: &[f32], vals: &[f32], pool: usize, block_size: usize) -> (Vec<u16>, Vec<u16>) {
+        let per_block = 64 * block_size;
+        let (mut k, mut v) = (vec![0u16; pool * per_block], vec![0u16; pool * per_block]);
+        for b in 0..pool {
+            for slot in 0..block_size {
+                for e in 0..64 {
+                    let from = b * per_block + slot * 64 + e;
+                    k[b * per_block + key_index(e, slot, block_size)] = to_bf16(keys[from]);
+                    v[b * per_block + value_index(e, slot, 64)] = to_bf16(vals[from]);
+                }
+            }
+        }
+        (k, v)
+    }
+
+    /// The kernel gives the specification's outputs bit for bit (scattered blocks of 16 and
+    /// 32 slots, partial last runs, odd key counts, 1 to 7 heads per kv head), stale values
+    /// past the last key (here infinities) change nothing, and the prefetch callback reaches
+    /// the blocks ahead.
+    #[test]
+    fn the_kernel_equals_the_reference() {
+        for block_size in [16usize, 32] {
+            let per_block = 64 * block_size;
+            let pool = 24;
+            let (keys, clean) = paired(&values(pool * per_block, 5), &values(pool * per_block, 6), pool, block_size);
+            for n in [1usize, 7, 16, 17, 33, 100, 16 * 12, 16 * 12 + 5] {
+                let used = n.div_ceil(block_size);
+                let blocks: Vec<usize> = (0..used).map(|b| ((b * 7 + 3) % pool) * per_block).collect();
+                // The slot after the last key holds a value that would poison the sum.
+                let mut vals = clean.clone();
+                if !n.is_multiple_of(block_size) {
+                    let (start, slot) = (blocks[n / block_size], n % block_size);
+                    for e in 0..64 {
+                        vals[start + value_index(e, slot, 64)] = to_bf16(f32::INFINITY);
+                    }
+                }
+                for heads in 1..=7usize {
+                    let queries: Vec<f32> = values(heads * 64, heads as u64).iter().map(|x| 3.0 * x).collect();
+                    let asked = std::cell::RefCell::new(Vec::new());
+                    let mut got = vec![f32::NAN; heads * 64];
+                    let ahead = |b| asked.borrow_mut().push(b);
+                    attend(&queries, 64, &keys, &vals, &blocks, block_size, &[n], 0.125, &mut got, ahead);
+                    let slot = |j: usize| (blocks[j / block_size], j % block_size);
+                    let key = |j: usize, e: usize| {
+                        let (start, s) = slot(j);
+                        keys[start + key_index(e, s, block_size)]
+                    };
+                    let value = |j: usize, e: usize| {
+                        let (start, s) = slot(j);
+                        vals[start + value_index(e, s, 64)]
+                    };
+                    for (h, got) in got.chunks(64).enumerate() {
+                        let mut want = vec![0f32; 64];
+                        reference_head(&queries[h * 64..][..64], n, key, value, 0.125, &mut want);
+                        assert!(got.iter().all(|x| x.is_finite()), "block {block_size}, n {n}, head {h}");
+                        assert_eq!(bits(got), bits(&want), "block {block_size}, n {n}, head {h} of {heads}");
+                    }
+                    if used > PREFETCH_BLOCKS && accelerated() {
+                        assert!(asked.borrow().contains(&PREFETCH_BLOCKS), "block {block_size}, n {n}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rows of one sequence attended together (a chunk) each get the numbers of that row
+    /// attended alone, bit for bit, for 1 to 7 heads.
+    #[test]
+    fn rows_attended_together_equal_each_row_alone() {
+        let block_size = 16;
+        let per_block = 64 * block_size;
+        let pool = 20;
+        let (keys, vals) = paired(&values(pool * per_block, 8), &values(pool * per_block, 9), pool, block_size);
+        let blocks: Vec<usize> = (0..pool).map(|b| ((b * 3 + 5) % pool) * per_block).collect();
+        let spans: [&[usize]; 5] = [
+            &[1, 2, 3],
+            &[15, 16, 17, 18],
+            &[40, 40, 41, 60],
+            &[100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115],
+            &[7, 250, 320],
+        ];
+        for heads in 1..=7usize {
+            for seen in spans {
+                let row_len = heads * 64;
+                let queries: Vec<f32> =
+                    values(seen.len() * row_len, 20 + heads as u64).iter().map(|x| 3.0 * x).collect();
+                let mut together = vec![f32::NAN; queries.len()];
+                attend(&queries, 64, &keys, &vals, &blocks, block_size, seen, 0.125, &mut together, |_| {});
+                for (r, &n) in seen.iter().enumerate() {
+                    let mut alone = vec![f32::NAN; row_len];
+                    let query = &queries[r * row_len..][..row_len];
+                    attend(query, 64, &keys, &vals, &blocks, block_size, &[n], 0.125, &mut alone, |_| {});
+                    assert_eq!(
+                        bits(&together[r * row_len..][..row_len]),
+                        bits(&alone),
+                        "{heads} heads, rows {seen:?}, row {r}"
+                    );
+                }
+            }
+        }
+    }
+}
