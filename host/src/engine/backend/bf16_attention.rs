@@ -44,9 +44,9 @@
 //! times slower than the f16 path, which is why the engine picks bf16 only where the
 //! instruction exists ([`super::KvDtype::fastest`]).
 
-use super::online_attention::exp;
 #[cfg(target_arch = "x86_64")]
 use super::online_attention::horizontal_sum;
+use super::online_attention::{AttendShape, exp};
 
 /// Keys per step of the online softmax: one 16-lane vector of scores.
 pub const RUN: usize = 16;
@@ -188,19 +188,9 @@ pub fn attend(
     out: &mut [f32],
     ahead: impl Fn(usize),
 ) {
-    let rows = seen.len();
-    assert!(rows > 0 && seen.windows(2).all(|w| w[0] <= w[1]), "rows must see non-decreasing key counts");
-    assert!(head_dim > 0 && head_dim.is_multiple_of(2) && block_size.is_multiple_of(2) && block_size > 0);
-    let n = seen[rows - 1];
-    let row_len = queries.len() / rows;
-    assert!(queries.len() == out.len() && queries.len() == rows * row_len && row_len.is_multiple_of(head_dim));
-    let heads = row_len / head_dim;
-    let used = n.div_ceil(block_size);
-    assert!(blocks.len() >= used);
-    let per_block = head_dim * block_size;
-    let inside =
-        |start: &usize| start.checked_add(per_block).is_some_and(|end| end <= keys.len() && end <= values.len());
-    assert!(blocks[..used].iter().all(inside));
+    assert!(head_dim.is_multiple_of(2) && block_size.is_multiple_of(2) && block_size > 0);
+    let AttendShape { heads, row_len, used } =
+        AttendShape::check(queries.len(), out.len(), head_dim, keys.len().min(values.len()), blocks, block_size, seen);
     let blocks = &blocks[..used];
     #[cfg(target_arch = "x86_64")]
     if head_dim == 64 && block_size.is_multiple_of(RUN) && accelerated() {
@@ -485,15 +475,7 @@ mod tests {
     use super::*;
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
+        super::super::test_values(n, seed as u32)
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {

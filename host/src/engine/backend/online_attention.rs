@@ -162,19 +162,8 @@ pub fn attend<T: KeyElement>(
     out: &mut [f32],
     ahead: impl Fn(usize),
 ) {
-    let rows = seen.len();
-    assert!(rows > 0 && seen.windows(2).all(|w| w[0] <= w[1]), "rows must see non-decreasing key counts");
-    let n = seen[rows - 1];
-    let row_len = queries.len() / rows;
-    assert!(head_dim > 0 && queries.len() == out.len() && queries.len() == rows * row_len);
-    assert!(row_len.is_multiple_of(head_dim));
-    let heads = row_len / head_dim;
-    let used = n.div_ceil(block_size.max(1));
-    assert!(blocks.len() >= used);
-    let per_block = head_dim * block_size;
-    let inside =
-        |start: &usize| start.checked_add(per_block).is_some_and(|end| end <= keys.len() && end <= values.len());
-    assert!(blocks[..used].iter().all(inside));
+    let AttendShape { heads, row_len, used } =
+        AttendShape::check(queries.len(), out.len(), head_dim, keys.len().min(values.len()), blocks, block_size, seen);
     let blocks = &blocks[..used];
     #[cfg(target_arch = "x86_64")]
     if lanes != KeyLanes::Scalar && head_dim == 64 && block_size.is_multiple_of(RUN) {
@@ -223,6 +212,42 @@ pub fn attend<T: KeyElement>(
         for (query, out) in queries.chunks(head_dim).zip(out.chunks_mut(head_dim)) {
             reference_head(query, n, key, value, scale, out);
         }
+    }
+}
+
+/// The shape of an attention call over a paged cache, checked: the heads per row, the
+/// elements per row and the blocks the rows use. Shared by [`attend`] and
+/// [`super::bf16_attention::attend`], which panic as their docs say through it.
+pub(super) struct AttendShape {
+    pub heads: usize,
+    pub row_len: usize,
+    pub used: usize,
+}
+
+impl AttendShape {
+    /// Checks `queries` and `out` (`queries_len`, `out_len` elements) against `seen`'s rows,
+    /// and that every block a row uses starts `head_dim * block_size` elements inside a cache
+    /// of `cache_len` (the shorter of the keys and the values).
+    pub(super) fn check(
+        queries_len: usize,
+        out_len: usize,
+        head_dim: usize,
+        cache_len: usize,
+        blocks: &[usize],
+        block_size: usize,
+        seen: &[usize],
+    ) -> Self {
+        let rows = seen.len();
+        assert!(rows > 0 && seen.windows(2).all(|w| w[0] <= w[1]), "rows must see non-decreasing key counts");
+        let row_len = queries_len / rows;
+        assert!(head_dim > 0 && queries_len == out_len && queries_len == rows * row_len);
+        assert!(row_len.is_multiple_of(head_dim));
+        let used = seen[rows - 1].div_ceil(block_size.max(1));
+        assert!(blocks.len() >= used);
+        let per_block = head_dim * block_size;
+        let inside = |start: &usize| start.checked_add(per_block).is_some_and(|end| end <= cache_len);
+        assert!(blocks[..used].iter().all(inside));
+        Self { heads: row_len / head_dim, row_len, used }
     }
 }
 
