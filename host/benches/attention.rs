@@ -1,7 +1,8 @@
 //! One row's attention over an f16 or a bf16 cache, as the engine runs it for those caches
 //! ([`online_attention::attend`], [`bf16_attention::attend`]: scores, online softmax and
 //! weighted sum in one pass): `cargo bench -p dspark-host --bench attention`. One thread, one
-//! head group sharing a kv head (3 query heads: SmolLM2; 7: Qwen2.5), head size 64, blocks of
+//! head group sharing a kv head (1 query head: the work item of a row decoded alone, whose
+//! heads go one per item; 3: SmolLM2's group; 7: Qwen2.5's), head size 64, blocks of
 //! 16 slots, at 1,024 keys (serving contexts) and 192. Two settings: `hot`, the same sequence
 //! every call (its 256 KB of keys and values in the CPU's caches), and `cold`, each call
 //! another sequence's blocks from a 256 MB pool, as a serving step finds them (a step's keys
@@ -36,7 +37,7 @@ fn main() {
         "{:<6} {:>6} {:>5} {:<6} {:<6} {:<9} {:<8} {:>10} {:>10}",
         "heads", "keys", "rows", "cache", "memory", "how", "width", "median ns", "min ns"
     );
-    for heads in [3usize, 7] {
+    for heads in [1usize, 3, 7] {
         for n in [1024usize, 192] {
             for rows in [1usize, 4, 16] {
                 let queries: Vec<f32> = values(rows * heads * HEAD_DIM, heads as u64).iter().map(|x| 2.0 * x).collect();
