@@ -164,7 +164,9 @@ impl Models {
         }
         let state = match result {
             Ok(served) => {
-                tracing::info!(model = %entry.name, "model ready");
+                // `auto` depends on the CPU, and answers on the cache type: say which it is.
+                let kv_cache_dtype = format!("{:?}", entry.config.kv_cache_dtype.resolve()).to_lowercase();
+                tracing::info!(model = %entry.name, kv_cache_dtype, "model ready");
                 State::Ready(Arc::new(served))
             }
             Err(e) => {
