@@ -68,6 +68,43 @@ pub fn to_bf16(x: f32) -> u16 {
     (bits.wrapping_add(rounding) >> 16) as u16
 }
 
+/// [`to_bf16`] of every element of `src` into `dst` (of the same length), 16 at a time with
+/// `vcvtneps2bf16` where the CPU has AVX-512 BF16: writing a row into the cache converts
+/// every key and value of every layer.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn to_bf16_slice(src: &[f32], dst: &mut [u16]) {
+    assert_eq!(src.len(), dst.len(), "to_bf16_slice: lengths differ");
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if accelerated() {
+        // SAFETY: AVX-512 F and BF16 checked by `accelerated`; the lengths are equal.
+        unsafe { to_bf16_avx512(src, dst) };
+        done = src.len() / 16 * 16;
+    }
+    for (x, b) in src[done..].iter().zip(&mut dst[done..]) {
+        *b = to_bf16(*x);
+    }
+}
+
+/// The whole vectors of [`to_bf16_slice`].
+///
+/// # Safety
+/// The CPU has AVX-512 F and BF16; `dst` is as long as `src`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512vl")]
+unsafe fn to_bf16_avx512(src: &[f32], dst: &mut [u16]) {
+    use std::arch::x86_64::*;
+    for i in (0..src.len() / 16 * 16).step_by(16) {
+        // SAFETY: elements i..i + 16 exist in both (the caller's promise for `dst`).
+        unsafe {
+            let rounded = _mm512_cvtneps_pbh(_mm512_loadu_ps(src.as_ptr().add(i)));
+            _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), half_bits(rounded));
+        }
+    }
+}
+
 /// The f32 value of bf16 bits (exact).
 pub fn from_bf16(b: u16) -> f32 {
     f32::from_bits((b as u32) << 16)
@@ -498,6 +535,14 @@ mod tests {
         assert_eq!(to_bf16(f32::MAX), 0x7F80);
         assert!(from_bf16(to_bf16(f32::NAN)).is_nan());
         assert_eq!(dot2(1.0, [2.0, 3.0], [4.0, 5.0]), 24.0);
+        let mut edges = values(1000, 4);
+        edges.iter_mut().enumerate().for_each(|(i, x)| *x *= [1.0, 1e-39, 3e38, 1e-5][i % 4]);
+        edges.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE, 1.0 + 1.0 / 256.0]);
+        let mut slice = vec![0u16; edges.len()];
+        to_bf16_slice(&edges, &mut slice);
+        for (x, b) in edges.iter().zip(&slice) {
+            assert_eq!(*b, to_bf16(*x), "to_bf16_slice({x})");
+        }
         #[cfg(target_arch = "x86_64")]
         if accelerated() {
             let mut xs = values(4096, 3);

@@ -527,15 +527,18 @@ impl Backend for CpuBackend {
             LayerKv::F32 { k: keys, v: values } => write(keys, values, k, v, slots, shape),
             LayerKv::Bf16 { k: keys, v: values } => {
                 let (block_size, head_dim) = (shape.block_size, shape.head_dim);
+                let (mut key_bits, mut value_bits) = (vec![0u16; width], vec![0u16; width]);
                 for (row, &slot) in slots.iter().enumerate() {
                     let slot = slot as usize;
                     let (block, at) = (slot / block_size, slot % block_size);
-                    let heads = k.row(row).chunks_exact(head_dim).zip(v.row(row).chunks_exact(head_dim));
+                    bf16_attention::to_bf16_slice(k.row(row), &mut key_bits);
+                    bf16_attention::to_bf16_slice(v.row(row), &mut value_bits);
+                    let heads = key_bits.chunks_exact(head_dim).zip(value_bits.chunks_exact(head_dim));
                     for (head, (key, value)) in heads.enumerate() {
                         let start = (block * shape.kv_heads + head) * block_size * head_dim;
                         for (e, (&x, &y)) in key.iter().zip(value).enumerate() {
-                            keys[start + bf16_attention::key_index(e, at, block_size)] = bf16_attention::to_bf16(x);
-                            values[start + bf16_attention::value_index(e, at, head_dim)] = bf16_attention::to_bf16(y);
+                            keys[start + bf16_attention::key_index(e, at, block_size)] = x;
+                            values[start + bf16_attention::value_index(e, at, head_dim)] = y;
                         }
                     }
                 }
