@@ -581,12 +581,8 @@ impl Backend for CpuBackend {
             LayerKv::F16 { k, v } => attend(q, k, v, batch, &row_seq, geometry),
             LayerKv::F32 { k, v } => attend(q, k, v, batch, &row_seq, geometry),
             LayerKv::Bf16 { k, v } => {
-                attend_one_pass(q, batch, &row_seq, geometry, |queries, starts, seen, scale, out| {
-                    let ahead = |b: usize| {
-                        prefetch(&k[starts[b]..][..per_block(geometry)]);
-                        prefetch(&v[starts[b]..][..per_block(geometry)]);
-                    };
-                    let (head_dim, block_size) = (geometry.heads.head_dim, geometry.block_size);
+                let (head_dim, block_size) = (heads.head_dim, shape.block_size);
+                attend_one_pass(q, k, v, batch, &row_seq, geometry, |queries, starts, seen, scale, out, ahead| {
                     bf16_attention::attend(queries, head_dim, k, v, starts, block_size, seen, scale, out, ahead);
                 })
             }
@@ -702,26 +698,29 @@ fn attend<T: KvElement>(
     // value is read from memory once for the group (and each value widened once); with too
     // few items to keep the pool busy (a single decoded row), one head per item.
     if T::score_order(0) == ScoreOrder::TwoChains {
-        return attend_one_pass(q, batch, row_seq, geometry, |queries, starts, seen, scale, out| {
-            let ahead = |b: usize| {
-                prefetch(&keys[starts[b]..][..per_block(geometry)]);
-                prefetch(&values[starts[b]..][..per_block(geometry)]);
-            };
-            let (head_dim, block_size) = (geometry.heads.head_dim, geometry.block_size);
-            online_attention::attend(
-                geometry.lanes,
-                queries,
-                head_dim,
-                keys,
-                values,
-                starts,
-                block_size,
-                seen,
-                scale,
-                out,
-                ahead,
-            );
-        });
+        return attend_one_pass(
+            q,
+            keys,
+            values,
+            batch,
+            row_seq,
+            geometry,
+            |queries, starts, seen, scale, out, ahead| {
+                online_attention::attend(
+                    geometry.lanes,
+                    queries,
+                    head_dim,
+                    keys,
+                    values,
+                    starts,
+                    block_size,
+                    seen,
+                    scale,
+                    out,
+                    ahead,
+                );
+            },
+        );
     }
     let per_item = if q.rows * heads.kv_heads >= 4 * rayon::current_num_threads() { group } else { 1 };
     let items_per_row = heads.heads / per_item;
@@ -795,25 +794,22 @@ fn attend<T: KvElement>(
 /// values.
 const SPAN_ROWS: usize = 16;
 
-/// Elements of one (block, kv head) of the cache.
-fn per_block(geometry: Geometry) -> usize {
-    geometry.heads.head_dim * geometry.block_size
-}
-
 /// [`attend`] for f16 and bf16 caches: scores, softmax and weighted sums in one pass
 /// ([`online_attention`], [`bf16_attention`]). A work item is a span of consecutive rows of
 /// one sequence at consecutive positions (a prefill chunk, a fast-forward span, a draft; a
 /// decoded row alone) over one kv head's group of query heads, so the span's rows read each
 /// key and value from memory once. Every row still gets exactly the numbers it would get
-/// decoded alone. `kernel(queries, starts, seen, scale, out)` is the cache type's
-/// `attend`: the span's queries of the item's heads, where the sequence's blocks of the kv
-/// head start, each row's key count.
-fn attend_one_pass(
+/// decoded alone. `kernel(queries, starts, seen, scale, out, ahead)` is the cache type's
+/// `attend` over `keys` and `values`: the span's queries of the item's heads, where the
+/// sequence's blocks of the kv head start, each row's key count, and the prefetch of a block.
+fn attend_one_pass<E: Sync>(
     q: &CpuTensor,
+    keys: &[E],
+    values: &[E],
     batch: &ForwardBatch,
     row_seq: &[usize],
     geometry: Geometry,
-    kernel: impl Fn(&[f32], &[usize], &[usize], f32, &mut [f32]) + Sync,
+    kernel: impl Fn(&[f32], &[usize], &[usize], f32, &mut [f32], &dyn Fn(usize)) + Sync,
 ) -> Vec<f32> {
     let heads = geometry.heads;
     let head_dim = heads.head_dim;
@@ -836,7 +832,7 @@ fn attend_one_pass(
     let per_item = if spans.len() * heads.kv_heads >= 4 * rayon::current_num_threads() { group } else { 1 };
     let items_per_span = heads.heads / per_item;
     let item_len = per_item * head_dim;
-    let per_block = per_block(geometry);
+    let per_block = head_dim * geometry.block_size;
     let outputs: Vec<Vec<f32>> = (0..spans.len() * items_per_span)
         .into_par_iter()
         .map_init(
@@ -858,8 +854,12 @@ fn attend_one_pass(
                         .iter()
                         .map(|&block| (block as usize * heads.kv_heads + kv_head) * per_block),
                 );
+                let ahead = |b: usize| {
+                    prefetch(&keys[starts[b]..][..per_block]);
+                    prefetch(&values[starts[b]..][..per_block]);
+                };
                 let mut out = vec![0f32; queries.len()];
-                kernel(queries, starts, seen, scale, &mut out);
+                kernel(queries, starts, seen, scale, &mut out, &ahead);
                 out
             },
         )
