@@ -57,6 +57,11 @@ fn main() -> anyhow::Result<()> {
                 });
                 report(&format!("{isa:?}"), secs);
                 if name.starts_with("output") {
+                    // The output projection's own order (`Packed::logits`).
+                    let secs = median_secs(400, || {
+                        std::hint::black_box(packed.logits_with(isa, &x, rows, None, 0.0));
+                    });
+                    report(&format!("{isa:?} logits"), secs);
                     // The masked output projection: every fifth group of 16 columns, about
                     // the share of the vocabulary a JSON constraint's masks allow (19% of
                     // tokens in `dspark bench`'s orders workload). GB/s and GMAC/s count the

@@ -17,9 +17,13 @@
 //! step. With an f32 cache that is exactly how candle computes a single decoded token (its
 //! GEMM kernels' summation orders and softmax reduction on AVX2, see
 //! [`key_scores::horizontal_dot`], [`key_scores::lane_dot`], `lane_sum`), and the engine
-//! reproduces candle-transformers' quantised models bit for bit. That matters more than it
-//! seems: activations are re-quantised to 8 bits before every matrix product, so one
-//! rounding difference flips a quantisation step and grows into percent-level logit changes.
+//! reproduces candle-transformers' quantised models bit for bit up to the output
+//! projection. That matters more than it seems: activations are re-quantised to 8 bits
+//! before every matrix product, so one rounding difference flips a quantisation step and
+//! grows into percent-level logit changes. The output projection is the exception: nothing
+//! re-quantises logits, so it sums in its kernel's fastest order ([`super::packed::Packed::logits`];
+//! for a Q8_0 table on AVX-512 VNNI, within a few float roundings of candle's logits), and
+//! the greedy tokens still match candle's (`tests/tests/engine_models.rs`).
 //! An f16 cache rounds the keys and values, so no reference is reproduced bit for bit
 //! anyway: its attention runs in the order that costs least, one pass over the sequence with
 //! an online softmax, scores and weighted sums in two fused chains ([`online_attention`];
@@ -371,18 +375,19 @@ impl Backend for CpuBackend {
     /// The packed kernels compute only the 16-column groups ([`packed::GROUP_COLUMNS`]) in
     /// which a row's mask allows a token; the other columns are `-inf`. The time follows the
     /// groups computed: every fifth group takes about a fifth of the full product's time
-    /// (`packed_kernels` bench, `1/5`).
+    /// (`packed_kernels` bench, `1/5`). With or without masks, the sums are taken in the
+    /// kernel's logits order ([`Packed::logits`]: Q8_0 on AVX-512 VNNI, as SmolLM2's tied
+    /// output projection is, in a third of candle's vector operations).
     fn linear_masked(&self, x: &CpuTensor, weight: &CpuMatrix, masks: &[Option<&[u32]>]) -> anyhow::Result<CpuTensor> {
-        if let Some(packed) = weight.packed.as_ref()
-            && masks.len() == x.rows
-            && masks.iter().any(Option::is_some)
-        {
+        if let Some(packed) = weight.packed.as_ref() {
             let (out, inner) = weight.tensor.shape().dims2().map_err(candle)?;
             if inner != x.cols {
                 bail!("linear: input has {} columns, weight expects {inner}", x.cols);
             }
+            let masked = masks.len() == x.rows && masks.iter().any(Option::is_some);
             let wanted = |row: usize, group: usize| masks[row].is_none_or(|mask| group_allowed(mask, group));
-            if let Some(data) = packed.matmul_selected(&x.data, x.rows, &wanted, f32::NEG_INFINITY) {
+            let selection: Option<packed::Selection> = if masked { Some(&wanted) } else { None };
+            if let Some(data) = packed.logits(&x.data, x.rows, selection, f32::NEG_INFINITY) {
                 return Ok(CpuTensor { rows: x.rows, cols: out, data });
             }
         }

@@ -270,9 +270,12 @@ pub trait Backend: Send + Sync + 'static {
     /// `x @ weight^T` for the output projection, where row `r` needs only the columns that
     /// `masks[r]` allows: a token mask in the plugins' bitset layout (bit `i % 32` of word
     /// `i / 32` allows column `i`; columns past its end are ruled out), `None` for every
-    /// column. A column a mask rules out holds `-inf` or its true value, so callers still
-    /// apply the mask; a column it allows holds exactly what [`Self::linear`] gives. The
-    /// default computes every column.
+    /// column; `masks` may be empty (every column of every row). A column a mask rules out
+    /// holds `-inf` or its true value, so callers still apply the mask. A column it allows
+    /// holds what [`Self::linear`] gives up to the order of the float sums: logits end the
+    /// pass (nothing re-quantises them), so a backend may sum them in its fastest order, as
+    /// long as each value depends only on its row and column (not on the batch or the masks).
+    /// The default computes every column with [`Self::linear`].
     fn linear_masked(
         &self,
         x: &Self::Tensor,

@@ -53,6 +53,8 @@ const ROW_TILE: usize = 4;
 /// the unpacked weights, and each unpacked block serves twice as many rows as with 4.
 const ROW_TILE_Q4: usize = 8;
 const ROW_TILE_Q8: usize = 2;
+/// Rows per tile of the Q8_0 logits kernel: one integer and one float accumulator per row.
+const ROW_TILE_Q8_LOGITS: usize = 8;
 /// Rows per AVX2 tile (16 vector registers: 4 rows x 2 halves of integer sums, beside the
 /// unpacked weights).
 const ROW_TILE_AVX2: usize = 4;
@@ -178,6 +180,38 @@ impl Packed {
             Self::Q8_0(p) => p.matmul_with(isa, x, rows, Some(wanted), fill),
             Self::Q5_0(p) => p.matmul_with(isa, x, rows, Some(wanted), fill),
             Self::K(p) => p.matmul_with(isa, x, rows, Some(wanted), fill),
+        }
+    }
+}
+
+impl Packed {
+    /// The output projection: `x` (`rows x k`) times the matrix transposed, like
+    /// [`Packed::matmul`] (or, with `wanted`, [`Packed::matmul_selected`]), but each sum may be
+    /// taken in the kernel's fastest order instead of candle's. Logits are the end of the
+    /// pass: no later product re-quantises them, so a different rounding of the last bits
+    /// cannot grow the way it would inside the network. Where that order differs from
+    /// candle's (Q8_0 on AVX-512 VNNI: [`PackedQ8_0`]'s logits kernel) each value is still a
+    /// fixed function of its row and column, the same in any batch and any selection.
+    /// `None` without the CPU support.
+    pub fn logits(&self, x: &[f32], rows: usize, wanted: Option<Selection>, fill: f32) -> Option<Vec<f32>> {
+        self.logits_with(Isa::detect()?, x, rows, wanted, fill)
+    }
+
+    /// [`Packed::logits`] with the kernels of `isa`.
+    pub fn logits_with(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        rows: usize,
+        wanted: Option<Selection>,
+        fill: f32,
+    ) -> Option<Vec<f32>> {
+        match self {
+            Self::Q8_0(p) if isa == Isa::Avx512Vnni => p.logits_with(isa, x, rows, wanted, fill),
+            Self::Q4_1(p) => p.matmul_with(isa, x, rows, wanted, fill),
+            Self::Q8_0(p) => p.matmul_with(isa, x, rows, wanted, fill),
+            Self::Q5_0(p) => p.matmul_with(isa, x, rows, wanted, fill),
+            Self::K(p) => p.matmul_with(isa, x, rows, wanted, fill),
         }
     }
 }
@@ -800,6 +834,95 @@ impl PackedQ8_0 {
                 Isa::Avx2 => self.tile_avx2(y, r0, r1, g, out),
             }
         })
+    }
+
+    /// The output projection in the logits order ([`Packed::logits`]): with AVX-512 VNNI,
+    /// each block's 32 products summed as one integer and scaled once,
+    ///
+    /// ```text
+    /// for every block b:  acc = fma(d_x * d_y, (sum_i w_i q_i) as f32, acc)
+    /// ```
+    ///
+    /// 12 vector operations per block, row and 16 columns, where candle's order (8 float
+    /// partial sums per output, [`Self::tile`]) takes 33. The sums differ from candle's in
+    /// the last bits only (the integer sums are exact; `|sum| < 2^20` converts exactly).
+    /// Other instruction sets run candle's order.
+    fn logits_with(&self, isa: Isa, x: &[f32], rows: usize, wanted: Option<Selection>, fill: f32) -> Option<Vec<f32>> {
+        if isa != Isa::Avx512Vnni {
+            return self.matmul_with(isa, x, rows, wanted, fill);
+        }
+        // SAFETY: `ByteColumns::matmul` checked that `isa` is available; each (row, group)
+        // output block is written by at most one call.
+        self.0.matmul(isa, x, rows, ROW_TILE_Q8_LOGITS, wanted, fill, |y, r0, r1, g, out| unsafe {
+            self.tile_logits(y, r0, r1, g, out)
+        })
+    }
+
+    /// The logits kernel for rows `r0..r1` (at most [`ROW_TILE_Q8_LOGITS`]) of group `g`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile_logits(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
+        // A fixed row count keeps every accumulator in a register.
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            match r1 - r0 {
+                1 => self.tile_logits_rows::<1>(y, r0, g, out),
+                2 => self.tile_logits_rows::<2>(y, r0, g, out),
+                3 => self.tile_logits_rows::<3>(y, r0, g, out),
+                4 => self.tile_logits_rows::<4>(y, r0, g, out),
+                5 => self.tile_logits_rows::<5>(y, r0, g, out),
+                6 => self.tile_logits_rows::<6>(y, r0, g, out),
+                7 => self.tile_logits_rows::<7>(y, r0, g, out),
+                _ => self.tile_logits_rows::<8>(y, r0, g, out),
+            }
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn tile_logits(&self, _: &Q8_0Rows, _: usize, _: usize, _: usize, _: *mut f32) {
+        unreachable!("logits_with checks the instruction set first")
+    }
+
+    /// [`Self::tile_logits`] for `R` rows from `r0`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn tile_logits_rows<const R: usize>(&self, y: &Q8_0Rows, r0: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let cols = &self.0;
+        debug_assert!(R <= ROW_TILE_Q8_LOGITS && (r0 + R) * y.blocks <= y.d.len() && y.blocks == cols.blocks);
+        let mut acc = [_mm512_setzero_ps(); R];
+        // SAFETY (every access below): 8 aligned lines and 16 scales per (group, block),
+        // g < n / 16; rows r0..r0 + R of `y` exist (the caller's promise) with 8 words, one
+        // scale and one sum per block.
+        unsafe {
+            let words = y.words.as_ptr().add(r0 * y.blocks * 8);
+            let (yd, ysum) = (y.d.as_ptr().add(r0 * y.blocks), y.sums.as_ptr().add(r0 * y.blocks));
+            for b in 0..cols.blocks {
+                let gb = g * cols.blocks + b;
+                // The rows' chains interleaved, each one integer sum per block: the weights
+                // are stored plus 128, so `128 x (sum of the row's block)` comes off after.
+                let mut sums = [_mm512_setzero_si512(); R];
+                for l in 0..8 {
+                    let w = cols.vector(gb, l);
+                    for (t, sum) in sums.iter_mut().enumerate() {
+                        let x = _mm512_set1_epi32(*words.add((t * y.blocks + b) * 8 + l));
+                        *sum = _mm512_dpbusd_epi32(*sum, w, x);
+                    }
+                }
+                let dx = cols.scales(gb);
+                for (t, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
+                    let at = t * y.blocks + b;
+                    let sumi = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * *ysum.add(at)));
+                    let scale = _mm512_mul_ps(dx, _mm512_set1_ps(*yd.add(at)));
+                    *a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sumi), *a);
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                // Row r0 + t < rows of the output, columns g*16..g*16+16 < n.
+                _mm512_storeu_ps(out.add((r0 + t) * cols.n + g * LANES), *a);
+            }
+        }
     }
 
     /// The AVX2 kernel: rows `r0..r1` of group `g`, in tiles of up to [`ROW_TILE_AVX2`] rows.
@@ -1446,6 +1569,81 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The logits kernel's order ([`PackedQ8_0::logits_with`]), one value at a time.
+    fn logits_specification(raw: &[u8], n: usize, k: usize, y: &Q8_0Rows, row: usize, col: usize) -> f32 {
+        let blocks = k / BLOCK;
+        let mut acc = 0f32;
+        for b in 0..blocks {
+            let block = &raw[(col * blocks + b) * 34..][..34];
+            let dx = f16::from_le_bytes([block[0], block[1]]).to_f32();
+            let at = row * blocks + b;
+            let q = y.words[at * 8..][..8].iter().flat_map(|w| w.to_le_bytes());
+            let sumi: i32 = block[2..].iter().zip(q).map(|(&w, q)| w as i8 as i32 * q as i8 as i32).sum();
+            acc = (dx * y.d[at]).mul_add(sumi as f32, acc);
+        }
+        assert!(col < n);
+        acc
+    }
+
+    #[test]
+    fn the_logits_kernel_follows_its_order_and_stays_within_rounding_of_candle() {
+        for isa in isas() {
+            for (n, k) in [(16usize, 64usize), (64, 576), (192, 576), (48, 1472)] {
+                let w = Tensor::from_vec(values(n * k, n as u64 * 3 + k as u64), (n, k), &Device::Cpu).unwrap();
+                let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+                let raw = q.data().unwrap().to_vec();
+                let packed = Packed::new(GgmlDType::Q8_0, &raw, n, k).unwrap();
+                let reference = QMatMul::from_qtensor(q).unwrap();
+                for rows in [1usize, 3, 8, 11, 17] {
+                    let x = values(rows * k, rows as u64 * 17 + n as u64);
+                    let input = Tensor::from_slice(&x, (rows, k), &Device::Cpu).unwrap();
+                    let candle: Vec<f32> = reference.forward(&input).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                    let got = packed.logits_with(isa, &x, rows, None, 0.0).unwrap();
+                    let y = Q8_0Rows::quantize(&x, rows, k);
+                    for (i, (&got, &candle)) in got.iter().zip(&candle).enumerate() {
+                        let (row, col) = (i / n, i % n);
+                        if isa == Isa::Avx512Vnni {
+                            let want = logits_specification(&raw, n, k, &y, row, col);
+                            assert_eq!(got.to_bits(), want.to_bits(), "{isa:?} [{n}, {k}] row {row} column {col}");
+                        } else {
+                            assert_eq!(got.to_bits(), candle.to_bits(), "{isa:?} runs candle's order");
+                        }
+                        // Only the summation order differs: a few float roundings of the
+                        // blocks' partial sums, far below the logits' scale.
+                        let scale = k as f32 * 1e-6 * (1.0 + candle.abs());
+                        assert!((got - candle).abs() <= scale, "[{n}, {k}] row {row} column {col}: {got} vs {candle}");
+                    }
+                    // A selection computes the same values and fills the rest.
+                    let wanted = |r: usize, g: usize| (r + g) % 3 != 1;
+                    let selected = packed.logits_with(isa, &x, rows, Some(&wanted), f32::NEG_INFINITY).unwrap();
+                    for (i, (&all, &some)) in got.iter().zip(&selected).enumerate() {
+                        let (row, group) = (i / n, (i % n) / GROUP_COLUMNS);
+                        let want = if wanted(row, group) { all } else { f32::NEG_INFINITY };
+                        assert_eq!(some.to_bits(), want.to_bits(), "{isa:?} [{n}, {k}] row {row} column {}", i % n);
+                    }
+                    // Each row's values are the same whatever rows share its tiles.
+                    if rows > 1 {
+                        let alone = packed.logits_with(isa, &x[k..2 * k], 1, None, 0.0).unwrap();
+                        assert_eq!(
+                            alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            got[n..2 * n].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            "{isa:?} [{n}, {k}]: row 1 alone"
+                        );
+                    }
+                }
+            }
+            // Other formats keep candle's order in the logits too.
+            let (n, k) = (64, 576);
+            let w = Tensor::from_vec(values(n * k, 5), (n, k), &Device::Cpu).unwrap();
+            let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
+            let packed = Packed::new(GgmlDType::Q4_1, &q.data().unwrap(), n, k).unwrap();
+            let x = values(3 * k, 9);
+            let exact = packed.matmul_with(isa, &x, 3).unwrap();
+            let logits = packed.logits_with(isa, &x, 3, None, 0.0).unwrap();
+            assert!(exact.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa:?} Q4_1");
         }
     }
 

@@ -18,7 +18,9 @@
 //! logits are wanted. The other rows of the last block only feed the cache (its `k`, `v`), so
 //! from its attention on the block runs for the wanted rows alone, as llama.cpp does: most
 //! of a last block's work for a fast-forward chunk or a prefill, whose last row alone is
-//! sampled. Every op is per row, so the wanted rows' values are the same either way. `Woutput` is the embedding table when the file has no `output.weight`
+//! sampled. Every op is per row, so the wanted rows' values are the same either way. The output
+//! projection goes through [`Backend::linear_masked`] whether or not masks are given, so a
+//! row's logits are the same numbers in both cases. `Woutput` is the embedding table when the file has no `output.weight`
 //! (tied embeddings, as in SmolLM2).
 //!
 //! Tensor names follow GGUF: `token_embd`, `blk.N.{attn_norm, attn_q, attn_k, attn_v,
@@ -155,11 +157,7 @@ impl<B: Backend> Llama<B> {
     pub fn logits(&self, hidden: &B::Tensor, masks: &[Option<&[u32]>]) -> anyhow::Result<Vec<f32>> {
         let b = &self.backend;
         let output = self.output.as_ref().unwrap_or(&self.embedding);
-        let logits = if masks.iter().any(Option::is_some) {
-            b.linear_masked(hidden, output, masks)?
-        } else {
-            b.linear(hidden, output, None)?
-        };
+        let logits = b.linear_masked(hidden, output, masks)?;
         b.to_host(&logits)
     }
 
