@@ -46,13 +46,13 @@ use super::packed_k::PackedK;
 const BLOCK: usize = 32;
 /// Output columns side by side in the packed layout (one 512-bit lane each).
 const LANES: usize = 16;
-/// Rows multiplied per unpacked weight block (Q5_0; Q8_0 keeps 8 accumulators per row and
-/// takes 2).
-const ROW_TILE: usize = 4;
 /// Rows per Q4_1 tile: 8 integer and 8 float accumulators fit the 32 vector registers beside
 /// the unpacked weights, and each unpacked block serves twice as many rows as with 4.
 const ROW_TILE_Q4: usize = 8;
+/// Rows per AVX-512 Q8_0 tile in candle's order, which keeps 8 float accumulators per row.
 const ROW_TILE_Q8: usize = 2;
+/// Rows per AVX-512 Q5_0 tile: one integer and one float accumulator per row.
+const ROW_TILE_Q5: usize = 8;
 /// Rows per tile of the Q8_0 logits kernel: one integer and one float accumulator per row.
 const ROW_TILE_Q8_LOGITS: usize = 8;
 /// Rows per AVX2 tile (16 vector registers: 4 rows x 2 halves of integer sums, beside the
@@ -1193,7 +1193,7 @@ impl PackedQ5_0 {
     /// `x` (`rows x k`, row-major) times the matrix transposed: `rows x n`, with the kernel of
     /// `isa`; with `wanted`, only those blocks. `None` when the CPU lacks the instructions.
     fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize, wanted: Option<Selection>, fill: f32) -> Option<Vec<f32>> {
-        let row_tile = ByteColumns::row_tile(isa, ROW_TILE);
+        let row_tile = ByteColumns::row_tile(isa, ROW_TILE_Q5);
         // SAFETY: as for Q8_0.
         self.0.matmul(isa, x, rows, row_tile, wanted, fill, |y, r0, r1, g, out| unsafe {
             match isa {
@@ -1298,42 +1298,66 @@ impl PackedQ5_0 {
         }
     }
 
+    /// The AVX-512 kernel for rows `r0..r1` (at most [`ROW_TILE_Q5`]) of group `g`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn tile(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
-        use std::arch::x86_64::*;
-        let rows = r1 - r0;
-        let cols = &self.0;
-        let mut acc = [_mm512_setzero_ps(); ROW_TILE];
-        for b in 0..cols.blocks {
-            let gb = g * cols.blocks + b;
-            let mut even = [_mm512_setzero_si512(); ROW_TILE];
-            let mut odd = [_mm512_setzero_si512(); ROW_TILE];
-            for l in 0..8 {
-                // SAFETY: l < 8.
-                let w = unsafe { cols.vector(gb, l) };
-                for t in 0..rows {
-                    let a = _mm512_set1_epi32(y.words[((r0 + t) * y.blocks + b) * 8 + l]);
-                    if l % 2 == 0 {
-                        even[t] = _mm512_dpbusd_epi32(even[t], w, a);
-                    } else {
-                        odd[t] = _mm512_dpbusd_epi32(odd[t], w, a);
-                    }
-                }
-            }
-            // SAFETY: the features are enabled; gb is in range.
-            let dx = unsafe { cols.scales(gb) };
-            for (t, a) in acc.iter_mut().enumerate().take(rows) {
-                let at = (r0 + t) * y.blocks + b;
-                // The stored values are the weights plus 16: take 16 x the activations' sum.
-                let sum = _mm512_sub_epi32(_mm512_add_epi32(even[t], odd[t]), _mm512_set1_epi32(16 * y.sums[at]));
-                let p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), dx), _mm512_set1_ps(y.d[at]));
-                *a = _mm512_add_ps(*a, p);
+        // A fixed row count keeps every accumulator in a register.
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            match r1 - r0 {
+                1 => self.tile_rows::<1>(y, r0, g, out),
+                2 => self.tile_rows::<2>(y, r0, g, out),
+                3 => self.tile_rows::<3>(y, r0, g, out),
+                4 => self.tile_rows::<4>(y, r0, g, out),
+                5 => self.tile_rows::<5>(y, r0, g, out),
+                6 => self.tile_rows::<6>(y, r0, g, out),
+                7 => self.tile_rows::<7>(y, r0, g, out),
+                _ => self.tile_rows::<8>(y, r0, g, out),
             }
         }
-        for (t, a) in acc.iter().enumerate().take(rows) {
-            // SAFETY: row r0 + t < rows of the output, columns g*16..g*16+16 < n.
-            unsafe { _mm512_storeu_ps(out.add((r0 + t) * cols.n + g * LANES), *a) };
+    }
+
+    /// [`Self::tile`] for `R` rows from `r0`: one integer sum per row and block, the rows'
+    /// chains interleaved ([`interleave_rows`]), then candle's float step.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn tile_rows<const R: usize>(&self, y: &Q8_0Rows, r0: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let cols = &self.0;
+        debug_assert!(R <= ROW_TILE_Q5 && (r0 + R) * y.blocks <= y.d.len() && y.blocks == cols.blocks);
+        let mut acc = [_mm512_setzero_ps(); R];
+        // SAFETY (every access below): 8 aligned lines and 16 scales per (group, block),
+        // g < n / 16; rows r0..r0 + R of `y` exist (the caller's promise) with 8 words, one
+        // scale and one sum per block.
+        unsafe {
+            let words = y.words.as_ptr().add(r0 * y.blocks * 8);
+            let (yd, ysum) = (y.d.as_ptr().add(r0 * y.blocks), y.sums.as_ptr().add(r0 * y.blocks));
+            for b in 0..cols.blocks {
+                let gb = g * cols.blocks + b;
+                let mut sums = [_mm512_setzero_si512(); R];
+                for l in 0..8 {
+                    let w = cols.vector(gb, l);
+                    for (t, sum) in sums.iter_mut().enumerate() {
+                        let x = _mm512_set1_epi32(*words.add((t * y.blocks + b) * 8 + l));
+                        *sum = _mm512_dpbusd_epi32(*sum, w, x);
+                    }
+                    interleave_rows(&mut sums);
+                }
+                let dx = cols.scales(gb);
+                for (t, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
+                    let at = t * y.blocks + b;
+                    // The stored values are the weights plus 16: take 16 x the activations' sum.
+                    let sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(16 * *ysum.add(at)));
+                    let p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), dx), _mm512_set1_ps(*yd.add(at)));
+                    *a = _mm512_add_ps(*a, p);
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                // Row r0 + t < rows of the output, columns g*16..g*16+16 < n.
+                _mm512_storeu_ps(out.add((r0 + t) * cols.n + g * LANES), *a);
+            }
         }
     }
 
