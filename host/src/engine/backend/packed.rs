@@ -42,6 +42,23 @@ use half::f16;
 
 use super::packed_k::PackedK;
 
+/// Calls `$this.$method::<R>(args)` with `R` the row count `$rows` (1 to 8; more takes 8): a
+/// fixed count keeps every accumulator of a tile in a register.
+macro_rules! by_row_count {
+    ($rows:expr, $this:ident.$method:ident($($arg:expr),*)) => {
+        match $rows {
+            1 => $this.$method::<1>($($arg),*),
+            2 => $this.$method::<2>($($arg),*),
+            3 => $this.$method::<3>($($arg),*),
+            4 => $this.$method::<4>($($arg),*),
+            5 => $this.$method::<5>($($arg),*),
+            6 => $this.$method::<6>($($arg),*),
+            7 => $this.$method::<7>($($arg),*),
+            _ => $this.$method::<8>($($arg),*),
+        }
+    };
+}
+
 /// Values per Q4_1 / Q8_1 block.
 const BLOCK: usize = 32;
 /// Output columns side by side in the packed layout (one 512-bit lane each).
@@ -206,12 +223,10 @@ impl Packed {
         wanted: Option<Selection>,
         fill: f32,
     ) -> Option<Vec<f32>> {
-        match self {
-            Self::Q8_0(p) if isa == Isa::Avx512Vnni => p.logits_with(isa, x, rows, wanted, fill),
-            Self::Q4_1(p) => p.matmul_with(isa, x, rows, wanted, fill),
-            Self::Q8_0(p) => p.matmul_with(isa, x, rows, wanted, fill),
-            Self::Q5_0(p) => p.matmul_with(isa, x, rows, wanted, fill),
-            Self::K(p) => p.matmul_with(isa, x, rows, wanted, fill),
+        match (self, wanted) {
+            (Self::Q8_0(p), _) => p.logits_with(isa, x, rows, wanted, fill),
+            (_, Some(wanted)) => self.matmul_selected_with(isa, x, rows, wanted, fill),
+            (_, None) => self.matmul_with(isa, x, rows),
         }
     }
 }
@@ -503,20 +518,8 @@ impl PackedQ4_1 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn tile_avx512(&self, y: &Q8_1Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
-        // A fixed row count keeps every accumulator in a register.
         // SAFETY: the caller's promise, passed on.
-        unsafe {
-            match r1 - r0 {
-                1 => self.tile_rows::<1>(y, r0, g, out),
-                2 => self.tile_rows::<2>(y, r0, g, out),
-                3 => self.tile_rows::<3>(y, r0, g, out),
-                4 => self.tile_rows::<4>(y, r0, g, out),
-                5 => self.tile_rows::<5>(y, r0, g, out),
-                6 => self.tile_rows::<6>(y, r0, g, out),
-                7 => self.tile_rows::<7>(y, r0, g, out),
-                _ => self.tile_rows::<8>(y, r0, g, out),
-            }
-        }
+        unsafe { by_row_count!(r1 - r0, self.tile_rows(y, r0, g, out)) }
     }
 
     /// [`Self::tile`] for `R` rows from `r0`.
@@ -766,6 +769,45 @@ impl ByteColumns {
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(self.d.as_ptr().add(gb * LANES).cast())) }
     }
 
+    /// The exact dot products of block `b` of group `g` with rows `r0..r0 + R` of `y`, each
+    /// stored weight being the true one plus `offset` (`offset x` the row's block sum comes
+    /// off): one `vpdpbusd` chain per row, the rows interleaved ([`interleave_rows`]).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 VNNI; `g` and `b` are in range, and rows `r0..r0 + R` of `y` exist.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn block_sums<const R: usize>(
+        &self,
+        y: &Q8_0Rows,
+        r0: usize,
+        g: usize,
+        b: usize,
+        offset: i32,
+    ) -> [std::arch::x86_64::__m512i; R] {
+        use std::arch::x86_64::*;
+        let gb = g * self.blocks + b;
+        let mut sums = [_mm512_setzero_si512(); R];
+        // SAFETY: the caller's promise: 8 words and one sum per row and block.
+        unsafe {
+            let words = y.words.as_ptr().add(r0 * y.blocks * 8);
+            for l in 0..8 {
+                let w = self.vector(gb, l);
+                for (t, sum) in sums.iter_mut().enumerate() {
+                    let x = _mm512_set1_epi32(*words.add((t * y.blocks + b) * 8 + l));
+                    *sum = _mm512_dpbusd_epi32(*sum, w, x);
+                }
+                interleave_rows(&mut sums);
+            }
+            let sums_of_rows = y.sums.as_ptr().add(r0 * y.blocks);
+            for (t, sum) in sums.iter_mut().enumerate() {
+                *sum = _mm512_sub_epi32(*sum, _mm512_set1_epi32(offset * *sums_of_rows.add(t * y.blocks + b)));
+            }
+        }
+        sums
+    }
+
     /// Half `half` (columns `8 half..8 half + 8`) of the vector `l` of (group, block) `gb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
@@ -806,75 +848,30 @@ impl ByteColumns {
 #[inline]
 fn interleave_rows<const R: usize>(sums: &mut [std::arch::x86_64::__m512i; R]) {
     use std::arch::asm;
+    /// One empty statement over `*$s.add(i)` for each listed `i` (which must be 0, 1, ...:
+    /// they name the operands in the template).
+    macro_rules! through_one_statement {
+        ($s:ident; $($i:literal)*) => {
+            asm!(
+                concat!("/*", $(" {", stringify!($i), "}",)* " */"),
+                $(inout(zmm_reg) *$s.add($i),)*
+                options(pure, nomem, nostack, preserves_flags)
+            )
+        };
+    }
     let s = sums.as_mut_ptr();
     // SAFETY: each arm reads and writes only `sums[..R]` (its own R), and the statement is
     // empty: the values come back unchanged.
     unsafe {
         match R {
-            1 => asm!("/* {0} */", inout(zmm_reg) * s, options(pure, nomem, nostack, preserves_flags)),
-            2 => asm!(
-                "/* {0} {1} */",
-                inout(zmm_reg) * s,
-                inout(zmm_reg) * s.add(1),
-                options(pure, nomem, nostack, preserves_flags)
-            ),
-            3 => asm!(
-                "/* {0} {1} {2} */",
-                inout(zmm_reg) * s,
-                inout(zmm_reg) * s.add(1),
-                inout(zmm_reg) * s.add(2),
-                options(pure, nomem, nostack, preserves_flags)
-            ),
-            4 => asm!(
-                "/* {0} {1} {2} {3} */",
-                inout(zmm_reg) * s,
-                inout(zmm_reg) * s.add(1),
-                inout(zmm_reg) * s.add(2),
-                inout(zmm_reg) * s.add(3),
-                options(pure, nomem, nostack, preserves_flags)
-            ),
-            5 => asm!(
-                "/* {0} {1} {2} {3} {4} */",
-                inout(zmm_reg) * s,
-                inout(zmm_reg) * s.add(1),
-                inout(zmm_reg) * s.add(2),
-                inout(zmm_reg) * s.add(3),
-                inout(zmm_reg) * s.add(4),
-                options(pure, nomem, nostack, preserves_flags)
-            ),
-            6 => asm!(
-                "/* {0} {1} {2} {3} {4} {5} */",
-                inout(zmm_reg) * s,
-                inout(zmm_reg) * s.add(1),
-                inout(zmm_reg) * s.add(2),
-                inout(zmm_reg) * s.add(3),
-                inout(zmm_reg) * s.add(4),
-                inout(zmm_reg) * s.add(5),
-                options(pure, nomem, nostack, preserves_flags)
-            ),
-            7 => asm!(
-                "/* {0} {1} {2} {3} {4} {5} {6} */",
-                inout(zmm_reg) * s,
-                inout(zmm_reg) * s.add(1),
-                inout(zmm_reg) * s.add(2),
-                inout(zmm_reg) * s.add(3),
-                inout(zmm_reg) * s.add(4),
-                inout(zmm_reg) * s.add(5),
-                inout(zmm_reg) * s.add(6),
-                options(pure, nomem, nostack, preserves_flags)
-            ),
-            _ => asm!(
-                "/* {0} {1} {2} {3} {4} {5} {6} {7} */",
-                inout(zmm_reg) * s,
-                inout(zmm_reg) * s.add(1),
-                inout(zmm_reg) * s.add(2),
-                inout(zmm_reg) * s.add(3),
-                inout(zmm_reg) * s.add(4),
-                inout(zmm_reg) * s.add(5),
-                inout(zmm_reg) * s.add(6),
-                inout(zmm_reg) * s.add(7),
-                options(pure, nomem, nostack, preserves_flags)
-            ),
+            1 => through_one_statement!(s; 0),
+            2 => through_one_statement!(s; 0 1),
+            3 => through_one_statement!(s; 0 1 2),
+            4 => through_one_statement!(s; 0 1 2 3),
+            5 => through_one_statement!(s; 0 1 2 3 4),
+            6 => through_one_statement!(s; 0 1 2 3 4 5),
+            7 => through_one_statement!(s; 0 1 2 3 4 5 6),
+            _ => through_one_statement!(s; 0 1 2 3 4 5 6 7),
         }
     }
 }
@@ -953,20 +950,8 @@ impl PackedQ8_0 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn tile_logits(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
-        // A fixed row count keeps every accumulator in a register.
         // SAFETY: the caller's promise, passed on.
-        unsafe {
-            match r1 - r0 {
-                1 => self.tile_logits_rows::<1>(y, r0, g, out),
-                2 => self.tile_logits_rows::<2>(y, r0, g, out),
-                3 => self.tile_logits_rows::<3>(y, r0, g, out),
-                4 => self.tile_logits_rows::<4>(y, r0, g, out),
-                5 => self.tile_logits_rows::<5>(y, r0, g, out),
-                6 => self.tile_logits_rows::<6>(y, r0, g, out),
-                7 => self.tile_logits_rows::<7>(y, r0, g, out),
-                _ => self.tile_logits_rows::<8>(y, r0, g, out),
-            }
-        }
+        unsafe { by_row_count!(r1 - r0, self.tile_logits_rows(y, r0, g, out)) }
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -987,26 +972,13 @@ impl PackedQ8_0 {
         // g < n / 16; rows r0..r0 + R of `y` exist (the caller's promise) with 8 words, one
         // scale and one sum per block.
         unsafe {
-            let words = y.words.as_ptr().add(r0 * y.blocks * 8);
-            let (yd, ysum) = (y.d.as_ptr().add(r0 * y.blocks), y.sums.as_ptr().add(r0 * y.blocks));
+            let yd = y.d.as_ptr().add(r0 * y.blocks);
             for b in 0..cols.blocks {
-                let gb = g * cols.blocks + b;
-                // The rows' chains interleaved, each one integer sum per block: the weights
-                // are stored plus 128, so `128 x (sum of the row's block)` comes off after.
-                let mut sums = [_mm512_setzero_si512(); R];
-                for l in 0..8 {
-                    let w = cols.vector(gb, l);
-                    for (t, sum) in sums.iter_mut().enumerate() {
-                        let x = _mm512_set1_epi32(*words.add((t * y.blocks + b) * 8 + l));
-                        *sum = _mm512_dpbusd_epi32(*sum, w, x);
-                    }
-                    interleave_rows(&mut sums);
-                }
-                let dx = cols.scales(gb);
-                for (t, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
-                    let at = t * y.blocks + b;
-                    let sumi = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * *ysum.add(at)));
-                    let scale = _mm512_mul_ps(dx, _mm512_set1_ps(*yd.add(at)));
+                // The weights are stored plus 128.
+                let sums = cols.block_sums::<R>(y, r0, g, b, 128);
+                let dx = cols.scales(g * cols.blocks + b);
+                for (t, (a, sumi)) in acc.iter_mut().zip(sums).enumerate() {
+                    let scale = _mm512_mul_ps(dx, _mm512_set1_ps(*yd.add(t * y.blocks + b)));
                     *a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sumi), *a);
                 }
             }
@@ -1302,20 +1274,8 @@ impl PackedQ5_0 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn tile(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
-        // A fixed row count keeps every accumulator in a register.
         // SAFETY: the caller's promise, passed on.
-        unsafe {
-            match r1 - r0 {
-                1 => self.tile_rows::<1>(y, r0, g, out),
-                2 => self.tile_rows::<2>(y, r0, g, out),
-                3 => self.tile_rows::<3>(y, r0, g, out),
-                4 => self.tile_rows::<4>(y, r0, g, out),
-                5 => self.tile_rows::<5>(y, r0, g, out),
-                6 => self.tile_rows::<6>(y, r0, g, out),
-                7 => self.tile_rows::<7>(y, r0, g, out),
-                _ => self.tile_rows::<8>(y, r0, g, out),
-            }
-        }
+        unsafe { by_row_count!(r1 - r0, self.tile_rows(y, r0, g, out)) }
     }
 
     /// [`Self::tile`] for `R` rows from `r0`: one integer sum per row and block, the rows'
@@ -1332,26 +1292,14 @@ impl PackedQ5_0 {
         // g < n / 16; rows r0..r0 + R of `y` exist (the caller's promise) with 8 words, one
         // scale and one sum per block.
         unsafe {
-            let words = y.words.as_ptr().add(r0 * y.blocks * 8);
-            let (yd, ysum) = (y.d.as_ptr().add(r0 * y.blocks), y.sums.as_ptr().add(r0 * y.blocks));
+            let yd = y.d.as_ptr().add(r0 * y.blocks);
             for b in 0..cols.blocks {
-                let gb = g * cols.blocks + b;
-                let mut sums = [_mm512_setzero_si512(); R];
-                for l in 0..8 {
-                    let w = cols.vector(gb, l);
-                    for (t, sum) in sums.iter_mut().enumerate() {
-                        let x = _mm512_set1_epi32(*words.add((t * y.blocks + b) * 8 + l));
-                        *sum = _mm512_dpbusd_epi32(*sum, w, x);
-                    }
-                    interleave_rows(&mut sums);
-                }
-                let dx = cols.scales(gb);
+                // The stored values are the weights plus 16.
+                let sums = cols.block_sums::<R>(y, r0, g, b, 16);
+                let dx = cols.scales(g * cols.blocks + b);
                 for (t, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
-                    let at = t * y.blocks + b;
-                    // The stored values are the weights plus 16: take 16 x the activations' sum.
-                    let sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(16 * *ysum.add(at)));
-                    let p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), dx), _mm512_set1_ps(*yd.add(at)));
-                    *a = _mm512_add_ps(*a, p);
+                    let yd = _mm512_set1_ps(*yd.add(t * y.blocks + b));
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), dx), yd));
                 }
             }
             for (t, a) in acc.iter().enumerate() {
