@@ -33,11 +33,12 @@ fn main() {
     let draw = SamplingParams { temperature: 0.8, top_p: 0.9, ..Default::default() };
     let history = TokenHistory::default();
     let plain = SamplingParams { temperature: 0.7, ..Default::default() };
-    let cases: [Case; 6] = [
+    let cases: [Case; 7] = [
         ("greedy, no mask", &greedy, None, &logits),
         ("greedy, 1/5 of the words", &greedy, Some(&sparse), &logits),
         ("greedy, one token", &greedy, Some(&single), &logits),
         ("temperature 0.7", &plain, None, &logits),
+        ("temperature 0.7, 1/5 of the words", &plain, Some(&sparse), &logits),
         ("temperature 0.8, top_p 0.9", &draw, None, &logits),
         ("flat, temperature 0.8, top_p 0.9", &draw, None, &flat),
     ];

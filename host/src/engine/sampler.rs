@@ -359,18 +359,23 @@ fn weights(logits: &[f32], params: &SamplingParams, max: f32) -> Vec<f32> {
     let inv_t = 1.0 / params.temperature;
     let min_p = if params.min_p > 0.0 { params.min_p as f64 } else { 0.0 };
     let floor = if min_p > 0.0 { (min_p.ln() as f32).max(-27.6) } else { -27.6 };
-    // In f32 vectors: `z` is rounded to f32 for the vector `exp` anyway.
+    // In f32 vectors: `z` is rounded to f32 for the vector `exp` anyway. A token below the
+    // floor (a masked one is `-inf`) gets `z = -80`, inside the vector `exp`'s range (from
+    // |z| >= 88 it calls libm, a call per masked token), and weighs `exp(-80)`, under 1e-34:
+    // far below anything `exp(floor)` (at least 1e-12) gives, so it is told apart and zeroed.
     let mut weights: Vec<f32> = logits
         .iter()
         .map(|&l| {
             let z = (l - max) * inv_t;
-            if z >= floor { z } else { f32::NEG_INFINITY }
+            if z >= floor { z } else { -80.0 }
         })
         .collect();
     exp_in_place(&mut weights);
-    if min_p > 0.0 {
-        weights.iter_mut().filter(|p| (**p as f64) < min_p).for_each(|p| *p = 0.0);
-    }
+    weights.iter_mut().for_each(|p| {
+        if *p < 1e-30 || (*p as f64) < min_p {
+            *p = 0.0;
+        }
+    });
     weights
 }
 
@@ -388,7 +393,7 @@ fn walk(
     params: &SamplingParams,
     u: f64,
 ) -> Option<usize> {
-    let mut candidates = &mut candidates[..];
+    let mut candidates = candidates;
     let truncated = params.top_k > 0;
     if truncated {
         if params.top_k < candidates.len() {
@@ -433,8 +438,8 @@ fn walk(
         }
         target -= p;
     }
-    if !complete && keep == walk.len() && params.top_p >= 1.0 && params.top_k == 0 {
-        // The target lies in the lighter candidates left out.
+    if !complete && !truncated && params.top_p >= 1.0 {
+        // Nothing cut the head short, so the target lies in the lighter candidates left out.
         return None;
     }
     // Rounding left the target past the last weight: the lightest kept candidate.
@@ -676,6 +681,20 @@ mod tests {
             }
         }
         assert_eq!(draws, 7 * 4 * 8 * 40);
+    }
+
+    #[test]
+    fn weights_are_the_scaled_exp_and_zero_below_the_floor_or_min_p() {
+        let logits = [5.0f32, 4.0, f32::NEG_INFINITY, -30.0, 5.0 - 27.0 * 0.5, -100.0, 3.0];
+        for p in [params(0.5), SamplingParams { min_p: 0.2, ..params(1.0) }] {
+            let got = weights(&logits, &p, 5.0);
+            for (&l, &w) in logits.iter().zip(&got) {
+                let z = (l - 5.0) / p.temperature;
+                let floor = if p.min_p > 0.0 { (p.min_p as f64).ln() as f32 } else { -27.6 };
+                let want = if z >= floor && (z.exp() as f64) >= p.min_p as f64 { z.exp() } else { 0.0 };
+                assert_eq!(w.to_bits(), want.to_bits(), "logit {l}, {p:?}");
+            }
+        }
     }
 
     #[test]
