@@ -79,6 +79,15 @@ fn structured_outputs_validate_and_stream() {
     let forced = metric(addr, &format!("dspark_fast_forward_tokens_total{{model_name=\"{MODEL}\"}}"));
     assert!(forced > 0.0, "no fast-forward tokens counted");
     assert!(r["usage"]["completion_tokens"].as_f64().unwrap() > forced, "forced tokens are part of the completion");
+    // The first step computes the whole prompt (nothing cached yet), every later one at least
+    // the token sampled before it; fast-forwarded tokens were sampled in no step of their own.
+    let steps = metric(addr, &format!("dspark_steps_total{{model_name=\"{MODEL}\"}}"));
+    let rows = metric(addr, &format!("dspark_step_rows_total{{model_name=\"{MODEL}\"}}"));
+    let (prompt, completion) =
+        (r["usage"]["prompt_tokens"].as_f64().unwrap(), r["usage"]["completion_tokens"].as_f64().unwrap());
+    assert!(steps >= 1.0 && steps <= completion - forced, "{steps} steps for {completion} tokens, {forced} forced");
+    assert!(rows >= prompt + steps - 1.0, "{rows} rows in {steps} steps for a prompt of {prompt} tokens");
+    assert!(metric(addr, &format!("dspark_step_microseconds_total{{model_name=\"{MODEL}\"}}")) > 0.0);
     assert_eq!(
         r["usage"]["total_tokens"],
         r["usage"]["prompt_tokens"].as_u64().unwrap() + r["usage"]["completion_tokens"].as_u64().unwrap()

@@ -266,6 +266,11 @@ pub struct SequenceUpdate {
 pub struct EngineStats {
     /// Forward passes.
     pub steps: u64,
+    /// Rows fed to those forward passes (prompt chunks, decoded tokens, fast-forward spans,
+    /// drafts): with `steps`, the mean batch a step computed.
+    pub step_rows: u64,
+    /// Nanoseconds in those forward passes (masks computed meanwhile included).
+    pub step_ns: u64,
     /// Prompt tokens computed (prefix-cache hits excluded, recomputation included).
     pub prompt_tokens_computed: u64,
     /// Tokens sampled.
@@ -579,9 +584,12 @@ impl<B: Backend> LlmEngine<B> {
             self.stats.prompt_tokens_computed += prompt_part as u64;
         }
         let sampled: Vec<SeqId> = plan.scheduled.iter().filter(|s| s.sample).map(|s| s.id).collect();
+        let started = Instant::now();
         let (logits, mut masks) = self.forward_with_masks(&batch, &sampled, &masked_rows);
         let mut logits = logits?;
         self.stats.steps += 1;
+        self.stats.step_rows += batch.len() as u64;
+        self.stats.step_ns += started.elapsed().as_nanos() as u64;
         self.scheduler.complete(&plan);
         let vocab = self.model.config().vocab_size;
         let mut rows = logits.chunks_exact_mut(vocab);

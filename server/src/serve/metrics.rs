@@ -103,6 +103,12 @@ pub struct ModelMetrics {
     pub finished: Mutex<BTreeMap<&'static str, u64>>,
     /// Tokens appended by fast-forward without sampling.
     pub forced_tokens: Counter,
+    /// Forward passes (engine steps).
+    pub steps: Counter,
+    /// Rows those steps computed (every token fed: prompt, decoded, forced, drafted).
+    pub step_rows: Counter,
+    /// Microseconds in those forward passes.
+    pub step_us: Counter,
     /// Drafted tokens fed to the model ahead of sampling (DSpark's path-tree guesses and
     /// prompt lookup).
     pub speculated_tokens: Counter,
@@ -149,6 +155,9 @@ impl ModelMetrics {
             generation_tokens: Counter::default(),
             finished: Mutex::new(BTreeMap::new()),
             forced_tokens: Counter::default(),
+            steps: Counter::default(),
+            step_rows: Counter::default(),
+            step_us: Counter::default(),
             speculated_tokens: Counter::default(),
             speculated_accepted: Counter::default(),
             cut_chunks: Counter::default(),
@@ -216,6 +225,11 @@ impl Metrics {
         counter(&mut out, "dspark_fast_forward_tokens_total", "Tokens appended without sampling.", &|m| {
             m.forced_tokens.get()
         });
+        counter(&mut out, "dspark_steps_total", "Forward passes (engine steps).", &|m| m.steps.get());
+        counter(&mut out, "dspark_step_rows_total", "Rows (tokens) those forward passes computed.", &|m| {
+            m.step_rows.get()
+        });
+        counter(&mut out, "dspark_step_microseconds_total", "Time in those forward passes.", &|m| m.step_us.get());
         counter(
             &mut out,
             "dspark_speculated_tokens_total",

@@ -194,6 +194,9 @@ fn run(mut engine: LlmEngine<CpuBackend>, rx: std::sync::mpsc::Receiver<Submissi
 fn report(engine: &LlmEngine<CpuBackend>, metrics: &ModelMetrics, seen: &mut EngineStats) {
     let stats = engine.stats();
     metrics.forced_tokens.add(stats.forced_tokens - seen.forced_tokens);
+    metrics.steps.add(stats.steps - seen.steps);
+    metrics.step_rows.add(stats.step_rows - seen.step_rows);
+    metrics.step_us.add((stats.step_ns / 1000).saturating_sub(seen.step_ns / 1000));
     metrics.speculated_tokens.add(stats.speculated_tokens - seen.speculated_tokens);
     metrics.speculated_accepted.add(stats.speculated_accepted - seen.speculated_accepted);
     metrics.cut_chunks.add(stats.cut_chunks - seen.cut_chunks);

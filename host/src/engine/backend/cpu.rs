@@ -833,8 +833,28 @@ fn attend_one_pass<E: Sync>(
             _ => spans.push(row..row + 1),
         }
     }
-    // With too few items to keep the pool busy (a single decoded row), one head per item.
-    let per_item = if spans.len() * heads.kv_heads >= 4 * rayon::current_num_threads() { group } else { 1 };
+    // Whole head groups per item where there are enough items to keep the pool busy. Short
+    // of that, spans of several rows (one sequence's fast-forward span or draft, decoded
+    // alone) are cut into shorter spans, still a head group each: a group reads each key and
+    // value once for its heads and keeps its dot-product chains busy, where one head per
+    // item waits on their latency (the `attention` bench, one thread, min ns per row, head
+    // and key at 1,024 keys: 3 heads 3.8-4.9, 1 head 5.5-8.0 with the keys and values in the
+    // cache). Only a single decoded row goes one head per item, so both threads have work.
+    let threads = rayon::current_num_threads();
+    let per_item = if spans.len() * heads.kv_heads >= 4 * threads {
+        group
+    } else {
+        let rows: usize = spans.iter().map(|s| s.len()).sum();
+        let wanted = (2 * threads).div_ceil(heads.kv_heads);
+        if rows < wanted {
+            1
+        } else {
+            if spans.len() < wanted {
+                spans = split_spans(&spans, wanted);
+            }
+            group
+        }
+    };
     let items_per_span = heads.heads / per_item;
     let item_len = per_item * head_dim;
     let per_block = head_dim * geometry.block_size;
@@ -874,6 +894,25 @@ fn attend_one_pass<E: Sync>(
         let (span, first_head) = (&spans[index / items_per_span], (index % items_per_span) * per_item);
         for (row, item) in span.clone().zip(item.chunks(item_len)) {
             out[row * q.cols + first_head * head_dim..][..item_len].copy_from_slice(item);
+        }
+    }
+    out
+}
+
+/// `spans` cut into at least `wanted` spans where their rows allow (at most one span per
+/// row), each cut as evenly as its share of the pieces.
+fn split_spans(spans: &[std::ops::Range<usize>], wanted: usize) -> Vec<std::ops::Range<usize>> {
+    let rows: usize = spans.iter().map(|s| s.len()).sum();
+    let mut out = Vec::with_capacity(wanted.max(spans.len()));
+    for span in spans {
+        // This span's share of the pieces, by its rows (at least one, at most its rows).
+        let pieces = (span.len() * wanted).div_ceil(rows).clamp(1, span.len());
+        let (len, extra) = (span.len() / pieces, span.len() % pieces);
+        let mut start = span.start;
+        for piece in 0..pieces {
+            let end = start + len + usize::from(piece < extra);
+            out.push(start..end);
+            start = end;
         }
     }
     out
@@ -1204,6 +1243,23 @@ mod tests {
     use super::super::test_values as values;
     use super::*;
 
+    /// Spans are cut into shorter ones that cover the same rows in order, as many as wanted
+    /// where the rows allow, each span's pieces within one row of each other in length.
+    #[test]
+    fn spans_are_cut_into_the_pieces_wanted() {
+        assert_eq!(split_spans(&[0..4], 2), vec![0..2, 2..4]);
+        assert_eq!(split_spans(&[0..5], 2), vec![0..3, 3..5]);
+        assert_eq!(split_spans(&[0..2], 3), vec![0..1, 1..2], "at most one piece per row");
+        assert_eq!(split_spans(&[0..1, 1..7], 4), vec![0..1, 1..3, 3..5, 5..6, 6..7], "shares rounded up");
+        for (spans, wanted) in [(vec![0..16], 3), (vec![0..3, 3..4, 4..13], 5), (vec![0..9, 9..10], 8)] {
+            let cut = split_spans(&spans, wanted);
+            let rows: Vec<usize> = cut.iter().flat_map(|s| s.clone()).collect();
+            assert_eq!(rows, (0..spans.last().unwrap().end).collect::<Vec<_>>(), "{spans:?}");
+            assert!(cut.len() >= wanted.min(rows.len()), "{spans:?} into {wanted}: {cut:?}");
+            assert!(cut.iter().all(|s| !s.is_empty() && spans.iter().any(|o| o.start <= s.start && s.end <= o.end)));
+        }
+    }
+
     #[test]
     fn a_group_is_allowed_when_its_half_word_has_a_bit() {
         let mask = [1u32 << 17, 1u32 << 15];
@@ -1327,8 +1383,9 @@ mod tests {
         let heads = AttentionHeads { heads: 6, kv_heads: 2, head_dim: 64 };
         let kv_width = heads.kv_heads * heads.head_dim;
         let backend = CpuBackend::default();
-        for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
-            // One row per sequence (one head per work item) to 300 (a group per item).
+        for (dtype, seqs) in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32].into_iter().flat_map(|d| [(d, 1), (d, 2)]) {
+            // One row per sequence (one head per work item), a few (one sequence's span cut
+            // into shorter ones, a group per item) to 300 (a group per item).
             for len in [1usize, 5, 37, 300] {
                 let shape = KvShape { layers: 1, num_blocks: 64, block_size: 16, kv_heads: 2, head_dim: 64, dtype };
                 let mut cache = backend.kv_cache(shape).unwrap();
@@ -1338,7 +1395,7 @@ mod tests {
                     (0..len.div_ceil(16) as u32).map(|b| 2 * b).collect(),
                 ];
                 let mut batch = ForwardBatch::default();
-                for table in &tables {
+                for table in &tables[..seqs] {
                     batch.push_sequence(&vec![0; len], 0, table, 16, true);
                 }
                 let rows = batch.tokens.len();
@@ -1395,7 +1452,7 @@ mod tests {
                         let have = &got.row(row)[head * 64..][..64];
                         assert!(
                             have.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{dtype:?}, len {len}, row {row}, head {head}"
+                            "{dtype:?}, {seqs} sequences, len {len}, row {row}, head {head}"
                         );
                     }
                 }
