@@ -839,37 +839,44 @@ fn attend_one_pass<E: Sync>(
     // value once for its heads and keeps its dot-product chains busy, where one head per
     // item waits on their latency (the `attention` bench, one thread, min ns per row, head
     // and key at 1,024 keys: 3 heads 3.8-4.9, 1 head 5.5-8.0 with the keys and values in the
-    // cache). Only a single decoded row goes one head per item, so both threads have work.
+    // cache). A single decoded row cuts its groups into pieces instead ([`group_pieces`]), so
+    // every thread has the same work.
     let threads = rayon::current_num_threads();
-    let per_item = if spans.len() * heads.kv_heads >= 4 * threads {
-        group
+    let pieces = if spans.len() * heads.kv_heads >= 4 * threads {
+        1
     } else {
         let rows: usize = spans.iter().map(|s| s.len()).sum();
         let wanted = (2 * threads).div_ceil(heads.kv_heads);
         if rows < wanted {
-            1
+            group_pieces(heads.kv_heads, group, threads)
         } else {
             if spans.len() < wanted {
                 spans = split_spans(&spans, wanted);
             }
-            group
+            1
         }
     };
-    let items_per_span = heads.heads / per_item;
-    let item_len = per_item * head_dim;
+    // Item `index`: span `index / per_span`, then kv head and piece of its group.
+    let per_piece = group.div_ceil(pieces);
+    let per_span = heads.kv_heads * pieces;
+    let item_heads = |index: usize| {
+        let (kv_head, piece) = ((index % per_span) / pieces, index % pieces);
+        let first = piece * per_piece;
+        (kv_head, kv_head * group + first, per_piece.min(group - first))
+    };
     let per_block = head_dim * geometry.block_size;
-    let outputs: Vec<Vec<f32>> = (0..spans.len() * items_per_span)
+    let outputs: Vec<Vec<f32>> = (0..spans.len() * per_span)
         .into_par_iter()
         .map_init(
             || (Vec::<f32>::new(), Vec::<usize>::new(), Vec::<usize>::new()),
             |(queries, seen, starts), index| {
-                let (span, first_head) = (&spans[index / items_per_span], (index % items_per_span) * per_item);
-                let kv_head = first_head / group;
+                let span = &spans[index / per_span];
+                let (kv_head, first_head, count) = item_heads(index);
                 let seq = &batch.seqs[row_seq[span.start]];
                 queries.clear();
                 seen.clear();
                 for row in span.clone() {
-                    queries.extend_from_slice(&q.data[row * q.cols + first_head * head_dim..][..item_len]);
+                    queries.extend_from_slice(&q.data[row * q.cols + first_head * head_dim..][..count * head_dim]);
                     seen.push(batch.positions[row] as usize + 1);
                 }
                 let blocks = seen[seen.len() - 1].div_ceil(geometry.block_size);
@@ -891,12 +898,22 @@ fn attend_one_pass<E: Sync>(
         .collect();
     let mut out = vec![0f32; q.rows * q.cols];
     for (index, item) in outputs.iter().enumerate() {
-        let (span, first_head) = (&spans[index / items_per_span], (index % items_per_span) * per_item);
-        for (row, item) in span.clone().zip(item.chunks(item_len)) {
-            out[row * q.cols + first_head * head_dim..][..item_len].copy_from_slice(item);
+        let (_, first_head, count) = item_heads(index);
+        for (row, item) in spans[index / per_span].clone().zip(item.chunks(count * head_dim)) {
+            out[row * q.cols + first_head * head_dim..][..count * head_dim].copy_from_slice(item);
         }
     }
     out
+}
+
+/// Into how many pieces a single row's attention cuts each kv head's group of query heads:
+/// the fewest that give every thread the same number of items (or at least two each), so no
+/// thread waits on another. A piece of several heads reads each key and value once for all of
+/// them and keeps more dot-product chains going than one head alone.
+fn group_pieces(kv_heads: usize, group: usize, threads: usize) -> usize {
+    (1..group)
+        .find(|&pieces| (kv_heads * pieces).is_multiple_of(threads) || kv_heads * pieces >= 2 * threads)
+        .unwrap_or(group)
 }
 
 /// `spans` cut into at least `wanted` spans where their rows allow (at most one span per
@@ -1260,6 +1277,19 @@ mod tests {
         }
     }
 
+    /// A single row's groups are cut so every thread gets as many items: SmolLM2's 3 kv heads
+    /// of 3 on 2 threads in halves (6 items), Qwen2.5's 2 of 7 whole, one head per item only
+    /// where nothing fewer balances.
+    #[test]
+    fn a_single_rows_groups_are_cut_into_balanced_pieces() {
+        assert_eq!(group_pieces(3, 3, 2), 2);
+        assert_eq!(group_pieces(2, 7, 2), 1);
+        assert_eq!(group_pieces(3, 3, 1), 1);
+        assert_eq!(group_pieces(8, 4, 16), 2);
+        assert_eq!(group_pieces(1, 3, 5), 3, "no cut balances: one head per item");
+        assert_eq!(group_pieces(4, 1, 3), 1, "one head per group already");
+    }
+
     #[test]
     fn a_group_is_allowed_when_its_half_word_has_a_bit() {
         let mask = [1u32 << 17, 1u32 << 15];
@@ -1380,14 +1410,17 @@ mod tests {
     /// order); for f16 as [`online_attention::reference_head`] specifies.
     #[test]
     fn paged_attention_equals_attention_over_the_written_rows() {
-        let heads = AttentionHeads { heads: 6, kv_heads: 2, head_dim: 64 };
-        let kv_width = heads.kv_heads * heads.head_dim;
         let backend = CpuBackend::default();
-        for (dtype, seqs) in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32].into_iter().flat_map(|d| [(d, 1), (d, 2)]) {
-            // One row per sequence (one head per work item), a few (one sequence's span cut
+        let settings =
+            [KvDtype::F16, KvDtype::Bf16, KvDtype::F32].into_iter().flat_map(|d| [(d, 1, 2), (d, 2, 2), (d, 1, 3)]);
+        for (dtype, seqs, kv_heads) in settings {
+            // Groups of 3 query heads. One row per sequence (with 2 threads: one group per
+            // item for 2 kv heads, pieces of a group for 3), a few (one sequence's span cut
             // into shorter ones, a group per item) to 300 (a group per item).
+            let heads = AttentionHeads { heads: 3 * kv_heads, kv_heads, head_dim: 64 };
+            let kv_width = heads.kv_heads * heads.head_dim;
             for len in [1usize, 5, 37, 300] {
-                let shape = KvShape { layers: 1, num_blocks: 64, block_size: 16, kv_heads: 2, head_dim: 64, dtype };
+                let shape = KvShape { layers: 1, num_blocks: 64, block_size: 16, kv_heads, head_dim: 64, dtype };
                 let mut cache = backend.kv_cache(shape).unwrap();
                 // Two sequences on interleaved, out-of-order blocks.
                 let tables: [Vec<u32>; 2] = [
@@ -1452,7 +1485,7 @@ mod tests {
                         let have = &got.row(row)[head * 64..][..64];
                         assert!(
                             have.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{dtype:?}, {seqs} sequences, len {len}, row {row}, head {head}"
+                            "{dtype:?}, {seqs} sequences, {kv_heads} kv heads, len {len}, row {row}, head {head}"
                         );
                     }
                 }
