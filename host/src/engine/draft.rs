@@ -24,13 +24,15 @@ pub struct PromptLookup {
     pub min_ngram: usize,
 }
 
-/// The default: two tokens after a three-token match, the best of the settings measured on
-/// two CPU cores with one sequence running (`docs/benchmarks.md`: 1.11-1.17x requests/s on
-/// the `orders` workload, 1.42x on `text`); longer drafts and shorter matches waste rows
-/// there.
+/// The default: one token after a three-token match, the best of the settings measured on
+/// the 2-core Xeon (Sapphire Rapids) with one sequence running: 1.04-1.14x per request against
+/// two tokens on the `orders` workload, 1.02-1.06x against no lookup, the same as two tokens
+/// on `text` (`docs/benchmarks.md`, fifteenth session). On the 2-core AMD EPYC before it, two
+/// tokens had measured 1.11-1.17x requests/s against no lookup and one token (after a
+/// two-token match) 1.07x. Longer drafts and shorter matches waste rows on both.
 impl Default for PromptLookup {
     fn default() -> Self {
-        Self { max_draft: 2, max_ngram: 3, min_ngram: 3 }
+        Self { max_draft: 1, max_ngram: 3, min_ngram: 3 }
     }
 }
 

@@ -95,10 +95,11 @@ pub struct EntryConfig {
     /// tokens from what followed the sequence's last tokens where they occurred before in its
     /// prompt or output (an extraction answer copies ids and names from its prompt), feed
     /// them as more rows and keep those sampling draws. Outputs are the same either way.
-    /// `0` is off; unset: 2 with `dspark` and `speculate`, off without, so `dspark: false`
-    /// stays the classic path. Drafts ride only in steps that sample one sequence: on two CPU
-    /// cores an extra row costs about a third of a decode step, which drawn drafts repay with
-    /// one sequence running and not with four (`docs/benchmarks.md`).
+    /// `0` is off; unset: 1 with `dspark` and `speculate` ([`PromptLookup`]'s default), off
+    /// without, so `dspark: false` stays the classic path. Drafts ride only in steps that
+    /// sample one sequence: on two CPU cores an extra row costs about a third of a decode
+    /// step, which drawn drafts repay with one sequence running and not with four
+    /// (`docs/benchmarks.md`).
     pub num_speculative_tokens: Option<usize>,
     /// The longest suffix prompt lookup matches.
     #[serde(default = "default_prompt_lookup_max")]
@@ -412,7 +413,7 @@ spec:
         let entries = parse(TWO, Path::new(".")).unwrap();
         assert_eq!(
             entries[0].config.prompt_lookup(),
-            Some(PromptLookup { max_draft: 2, max_ngram: 3, min_ngram: 3 }),
+            Some(PromptLookup { max_draft: 1, max_ngram: 3, min_ngram: 3 }),
             "DSpark drafts by default"
         );
         assert_eq!(entries[1].config.prompt_lookup(), None, "the classic path does not");
