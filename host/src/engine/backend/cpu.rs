@@ -22,7 +22,8 @@
 //! before every matrix product, so one rounding difference flips a quantisation step and
 //! grows into percent-level logit changes. The output projection is the exception: nothing
 //! re-quantises logits, so it sums in its kernel's fastest order ([`super::packed::Packed::logits`];
-//! for a Q8_0 table on AVX-512 VNNI, within a few float roundings of candle's logits), and
+//! for a Q8_0 table, on AVX-512 VNNI and AVX2 alike, within a few float roundings of
+//! candle's logits), and
 //! the greedy tokens still match candle's (`tests/tests/engine_models.rs`).
 //! An f16 cache rounds the keys and values, so no reference is reproduced bit for bit
 //! anyway: its attention runs in the order that costs least, one pass over the sequence with
@@ -376,8 +377,9 @@ impl Backend for CpuBackend {
     /// which a row's mask allows a token; the other columns are `-inf`. The time follows the
     /// groups computed: every fifth group takes about a fifth of the full product's time
     /// (`packed_kernels` bench, `1/5`). With or without masks, the sums are taken in the
-    /// kernel's logits order ([`Packed::logits`]: Q8_0 on AVX-512 VNNI, as SmolLM2's tied
-    /// output projection is, in a third of candle's vector operations).
+    /// kernel's logits order ([`Packed::logits`]: Q8_0, as SmolLM2's tied output projection
+    /// is, in a third of candle's vector operations with AVX-512 VNNI, 0.7x its time with
+    /// AVX2; the same values on both).
     fn linear_masked(&self, x: &CpuTensor, weight: &CpuMatrix, masks: &[Option<&[u32]>]) -> anyhow::Result<CpuTensor> {
         if let Some(packed) = weight.packed.as_ref() {
             let (out, inner) = weight.tensor.shape().dims2().map_err(candle)?;

@@ -207,8 +207,9 @@ impl Packed {
     /// taken in the kernel's fastest order instead of candle's. Logits are the end of the
     /// pass: no later product re-quantises them, so a different rounding of the last bits
     /// cannot grow the way it would inside the network. Where that order differs from
-    /// candle's (Q8_0 on AVX-512 VNNI: [`PackedQ8_0`]'s logits kernel) each value is still a
-    /// fixed function of its row and column, the same in any batch and any selection.
+    /// candle's (Q8_0: [`PackedQ8_0`]'s logits kernels, the same values with AVX-512 VNNI and
+    /// AVX2) each value is still a fixed function of its row and column, the same in any
+    /// batch, any selection and either instruction set.
     /// `None` without the CPU support.
     pub fn logits(&self, x: &[f32], rows: usize, wanted: Option<Selection>, fill: f32) -> Option<Vec<f32>> {
         self.logits_with(Isa::detect()?, x, rows, wanted, fill)
@@ -924,8 +925,8 @@ impl PackedQ8_0 {
         })
     }
 
-    /// The output projection in the logits order ([`Packed::logits`]): with AVX-512 VNNI,
-    /// each block's 32 products summed as one integer and scaled once,
+    /// The output projection in the logits order ([`Packed::logits`]): each block's 32
+    /// products summed as one integer and scaled once,
     ///
     /// ```text
     /// for every block b:  acc = fma(d_x * d_y, (sum_i w_i q_i) as f32, acc)
@@ -933,17 +934,106 @@ impl PackedQ8_0 {
     ///
     /// 12 vector operations per block, row and 16 columns, where candle's order (8 float
     /// partial sums per output, [`Self::tile`]) takes 33. The sums differ from candle's in
-    /// the last bits only (the integer sums are exact; `|sum| < 2^20` converts exactly).
-    /// Other instruction sets run candle's order.
+    /// the last bits only (the integer sums are exact; `|sum| < 2^20` converts exactly). The
+    /// AVX2 kernel ([`Self::tile_logits_avx2`]) computes the same values bit for bit, so the
+    /// logits do not depend on the instruction set.
     fn logits_with(&self, isa: Isa, x: &[f32], rows: usize, wanted: Option<Selection>, fill: f32) -> Option<Vec<f32>> {
-        if isa != Isa::Avx512Vnni {
-            return self.matmul_with(isa, x, rows, wanted, fill);
-        }
+        let row_tile = ByteColumns::row_tile(isa, ROW_TILE_Q8_LOGITS);
         // SAFETY: `ByteColumns::matmul` checked that `isa` is available; each (row, group)
         // output block is written by at most one call.
-        self.0.matmul(isa, x, rows, ROW_TILE_Q8_LOGITS, wanted, fill, |y, r0, r1, g, out| unsafe {
-            self.tile_logits(y, r0, r1, g, out)
+        self.0.matmul(isa, x, rows, row_tile, wanted, fill, |y, r0, r1, g, out| unsafe {
+            match isa {
+                Isa::Avx512Vnni => self.tile_logits(y, r0, r1, g, out),
+                Isa::Avx2 => self.tile_logits_avx2(y, r0, r1, g, out),
+            }
         })
+    }
+
+    /// The logits kernel with AVX2: rows `r0..r1` of group `g`, in tiles of up to
+    /// [`ROW_TILE_AVX2`] rows, each 64-byte line taken as two halves of 8 columns. The same
+    /// values as [`Self::tile_logits`] bit for bit: each block's integer sum is exact either
+    /// way (`vpmaddubsw` cannot saturate: the weights' signs are moved onto the activations,
+    /// whose magnitudes are at most 127 from the quantiser, so a pair sums to at most 2 x 128 x
+    /// 127), and the float steps are the same.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_logits_avx2(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let cols = &self.0;
+        // The next group's weights into L2 while this one is computed (as in `tile_avx2`).
+        let next = cols.qs.as_ptr().wrapping_add((g + 1) * cols.blocks * 8);
+        for line in 0..cols.blocks * 8 {
+            // A hint: harmless past the end.
+            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line).cast());
+        }
+        for (r, t) in avx2_row_tiles(r0, r1) {
+            // SAFETY: the caller's promise, for the tile's rows.
+            unsafe {
+                match t {
+                    1 => self.tile_logits_rows_avx2::<1>(y, r, g, out),
+                    2 => self.tile_logits_rows_avx2::<2>(y, r, g, out),
+                    3 => self.tile_logits_rows_avx2::<3>(y, r, g, out),
+                    _ => self.tile_logits_rows_avx2::<4>(y, r, g, out),
+                }
+            }
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn tile_logits_avx2(&self, _: &Q8_0Rows, _: usize, _: usize, _: usize, _: *mut f32) {
+        unreachable!("logits_with checks the instruction set first")
+    }
+
+    /// [`Self::tile_logits_avx2`] for `R` rows from `r0`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn tile_logits_rows_avx2<const R: usize>(&self, y: &Q8_0Rows, r0: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let cols = &self.0;
+        debug_assert!(R <= ROW_TILE_AVX2 && (r0 + R) * y.blocks <= y.d.len() && y.blocks == cols.blocks);
+        let ones = _mm256_set1_epi16(1);
+        let flip = _mm256_set1_epi8(-128);
+        // Each row's scales and words from raw pointers, as in `tile_rows_avx2`.
+        let row_d: [*const f32; R] = std::array::from_fn(|t| y.d[(r0 + t) * y.blocks..].as_ptr());
+        let row_words: [*const i32; R] = std::array::from_fn(|t| y.words[(r0 + t) * y.blocks * 8..].as_ptr());
+        for half in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..cols.blocks {
+                let gb = g * cols.blocks + b;
+                if half == 0 {
+                    let ahead = cols.qs.as_ptr().wrapping_add((gb + PREFETCH_BLOCKS) * 8);
+                    for line in 0..8 {
+                        // A hint: harmless past the end.
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+                    }
+                }
+                let mut sums = [_mm256_setzero_si256(); R];
+                for l in 0..8 {
+                    // SAFETY: the features are enabled; gb is in range, l < 8, half < 2. The
+                    // stored bytes are the weights plus 128.
+                    let w = _mm256_xor_si256(unsafe { cols.half_vector(gb, l, half) }, flip);
+                    let magnitude = _mm256_abs_epi8(w);
+                    for (t, sum) in sums.iter_mut().enumerate() {
+                        // SAFETY: row r0 + t < rows has `8 blocks` words (sliced above).
+                        let x = _mm256_set1_epi32(unsafe { *row_words[t].add(b * 8 + l) });
+                        let p = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, w));
+                        *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(p, ones));
+                    }
+                }
+                // SAFETY: the features are enabled; gb is in range, half < 2.
+                let dx = unsafe { cols.half_scales(gb, half) };
+                for (t, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
+                    // SAFETY: row r0 + t < rows has `blocks` scales (sliced above).
+                    let scale = _mm256_mul_ps(dx, _mm256_set1_ps(unsafe { *row_d[t].add(b) }));
+                    *a = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *a);
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                // SAFETY: row r0 + t < rows of the output, columns g*16 + half*8.. + 8 <= n.
+                unsafe { _mm256_storeu_ps(out.add((r0 + t) * cols.n + g * LANES + half * 8), *a) };
+            }
+        }
     }
 
     /// The logits kernel for rows `r0..r1` (at most [`ROW_TILE_Q8_LOGITS`]) of group `g`.
@@ -1669,12 +1759,9 @@ mod tests {
                     let y = Q8_0Rows::quantize(&x, rows, k);
                     for (i, (&got, &candle)) in got.iter().zip(&candle).enumerate() {
                         let (row, col) = (i / n, i % n);
-                        if isa == Isa::Avx512Vnni {
-                            let want = logits_specification(&raw, n, k, &y, row, col);
-                            assert_eq!(got.to_bits(), want.to_bits(), "{isa:?} [{n}, {k}] row {row} column {col}");
-                        } else {
-                            assert_eq!(got.to_bits(), candle.to_bits(), "{isa:?} runs candle's order");
-                        }
+                        // Every instruction set computes the specification's values.
+                        let want = logits_specification(&raw, n, k, &y, row, col);
+                        assert_eq!(got.to_bits(), want.to_bits(), "{isa:?} [{n}, {k}] row {row} column {col}");
                         // Only the summation order differs: a few float roundings of the
                         // blocks' partial sums, far below the logits' scale.
                         let scale = k as f32 * 1e-6 * (1.0 + candle.abs());
