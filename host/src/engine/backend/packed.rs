@@ -753,6 +753,20 @@ impl ByteColumns {
         Some(unsafe { out.finish() })
     }
 
+    /// Asks for the weights of group `g + 1` into L2 while group `g` is computed: the AVX2
+    /// kernels read a group several times (row tiles, halves, passes), and the first reading
+    /// stalled on memory for want of lines asked for early enough. A hint: harmless past the
+    /// end.
+    #[cfg(target_arch = "x86_64")]
+    fn prefetch_next_group(&self, g: usize) {
+        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+        let next = self.qs.as_ptr().wrapping_add((g + 1) * self.blocks * 8);
+        for line in 0..self.blocks * 8 {
+            // SAFETY: a prefetch does not access memory; any address is allowed.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line).cast()) };
+        }
+    }
+
     /// The 64-byte vector `l` of (group, block) `gb`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
@@ -958,14 +972,7 @@ impl PackedQ8_0 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile_logits_avx2(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
-        use std::arch::x86_64::*;
-        let cols = &self.0;
-        // The next group's weights into L2 while this one is computed (as in `tile_avx2`).
-        let next = cols.qs.as_ptr().wrapping_add((g + 1) * cols.blocks * 8);
-        for line in 0..cols.blocks * 8 {
-            // A hint: harmless past the end.
-            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line).cast());
-        }
+        self.0.prefetch_next_group(g);
         for (r, t) in avx2_row_tiles(r0, r1) {
             // SAFETY: the caller's promise, for the tile's rows.
             unsafe {
@@ -1083,16 +1090,7 @@ impl PackedQ8_0 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile_avx2(&self, y: &Q8_0Rows, r0: usize, r1: usize, g: usize, out: *mut f32) {
-        use std::arch::x86_64::*;
-        // The next group's weights into L2 while this one is computed: the kernel reads a
-        // group several times (row tiles, halves, passes), so the first reading stalled on
-        // memory for want of lines asked for early enough.
-        let cols = &self.0;
-        let next = cols.qs.as_ptr().wrapping_add((g + 1) * cols.blocks * 8);
-        for line in 0..cols.blocks * 8 {
-            // A hint: harmless past the end.
-            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line).cast());
-        }
+        self.0.prefetch_next_group(g);
         for (r, t) in avx2_row_tiles(r0, r1) {
             // SAFETY: the caller's promise, for the tile's rows.
             unsafe {
