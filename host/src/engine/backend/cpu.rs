@@ -23,8 +23,8 @@
 //! grows into percent-level logit changes. The output projection is the exception: nothing
 //! re-quantises logits, so it sums in its kernel's fastest order ([`super::packed::Packed::logits`];
 //! for a Q8_0 table, on AVX-512 VNNI and AVX2 alike, within a few float roundings of
-//! candle's logits), and
-//! the greedy tokens still match candle's (`tests/tests/engine_models.rs`).
+//! candle's logits), and the greedy tokens still match candle's
+//! (`tests/tests/engine_models.rs`).
 //! An f16 cache rounds the keys and values, so no reference is reproduced bit for bit
 //! anyway: its attention runs in the order that costs least, one pass over the sequence with
 //! an online softmax, scores and weighted sums in two fused chains ([`online_attention`];
