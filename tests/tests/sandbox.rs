@@ -71,6 +71,24 @@ fn endless_mask_hits_the_deadline_and_the_host_goes_on() {
     regex_still_serves(&f, &tok);
 }
 
+/// The epoch ticker rests while no call runs; a call that comes then still has its deadline.
+#[test]
+fn an_endless_mask_is_stopped_after_the_ticker_rested() {
+    let f = fixture_with_deadlines(100, Duration::from_millis(50), Duration::from_secs(10));
+    let tok = ByteTokenizer::new(&[]);
+    let mut inst = instance(&f, "testkit", &tok);
+    let c = inst.compile("loop-mask", "", "{}").unwrap();
+    let m = inst.new_matcher(&c).unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !f.runtime.ticker_resting() {
+        assert!(std::time::Instant::now() < until, "the epoch ticker never rested");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let msg = trap_message(inst.compute_mask(&m).unwrap_err());
+    assert!(msg.contains("exceeded its time limit of 50 ms"), "{msg}");
+    regex_still_serves(&f, &tok);
+}
+
 #[test]
 fn a_plugin_that_sleeps_is_stopped_at_once_and_the_host_goes_on() {
     // Run on a thread: were sleeping allowed, this call would block for an hour, and a test

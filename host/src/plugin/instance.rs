@@ -121,7 +121,9 @@ impl PluginInstance {
         })?;
         let ticks = store.data_mut().deadline.arm(plugin.compile_deadline);
         store.set_epoch_deadline(ticks);
-        match bindings.dspark_constraint_constraint().call_init(&mut store, &table.to_wit()) {
+        let init = bindings.dspark_constraint_constraint().call_init(&mut store, &table.to_wit());
+        store.data_mut().deadline.disarm();
+        match init {
             Ok(Ok(())) => Ok((store, bindings)),
             Ok(Err(e)) => Err(wit_error(plugin.name(), e)),
             Err(trap) => {
@@ -172,7 +174,9 @@ impl PluginInstance {
     ) -> Result<R, PluginError> {
         let ticks = self.store.data_mut().deadline.arm(limit);
         self.store.set_epoch_deadline(ticks);
-        match f(&mut self.store, &self.bindings) {
+        let result = f(&mut self.store, &self.bindings);
+        self.store.data_mut().deadline.disarm();
+        match result {
             Ok(r) => Ok(r),
             Err(trap) => {
                 self.poisoned = true;

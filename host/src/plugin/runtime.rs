@@ -4,7 +4,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use wasmtime::{Config, Engine, OptLevel, StoreLimits};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings;
-use super::deadline::{CallDeadline, Verdict};
+use super::deadline::{CallDeadline, EpochClock, Verdict};
 use super::instance::PluginInstance;
 use super::manifest::Manifest;
 use super::{ErrorCode, PluginError};
@@ -171,16 +171,19 @@ pub struct PluginRuntime {
     linker: Linker<HostState>,
     config: RuntimeConfig,
     ticker_stop: Arc<AtomicBool>,
-    /// Microseconds since the runtime started, as the ticker last read them: the coarse clock
-    /// of the deadlines' wall-time backstop.
-    clock_us: Arc<AtomicU64>,
+    /// The ticker's coarse clock (the deadlines' wall-time backstop) and its rest.
+    clock: Arc<EpochClock>,
 }
 
 impl Drop for PluginRuntime {
     fn drop(&mut self) {
         self.ticker_stop.store(true, Ordering::Relaxed);
+        self.clock.wake_ticker();
     }
 }
+
+/// How long a resting ticker sleeps before it looks whether the runtime is gone.
+const TICKER_REST: Duration = Duration::from_secs(1);
 
 impl PluginRuntime {
     /// Builds the engine (Cranelift, component model, epoch interruption; no async, no
@@ -203,29 +206,36 @@ impl PluginRuntime {
             .with_context(|| format!("cannot create the state directory {}", config.state_dir.display()))?;
         std::fs::create_dir_all(config.state_dir.join("quarantine"))?;
         let ticker_stop = Arc::new(AtomicBool::new(false));
-        let clock_us = Arc::new(AtomicU64::new(0));
-        let runtime =
-            Arc::new(Self { engine, linker, config, ticker_stop: ticker_stop.clone(), clock_us: clock_us.clone() });
+        let clock = Arc::new(EpochClock::default());
+        let runtime = Arc::new(Self { engine, linker, config, ticker_stop: ticker_stop.clone(), clock: clock.clone() });
         let weak: Weak<Self> = Arc::downgrade(&runtime);
         let tick = runtime.config.tick;
         let engine = runtime.engine.clone();
-        let start = std::time::Instant::now();
-        std::thread::Builder::new()
+        let ticker = std::thread::Builder::new()
             .name("dspark-epoch".into())
             .spawn(move || {
+                let (mut idle, mut seen) = (0, 0);
                 while !ticker_stop.load(Ordering::Relaxed) && weak.strong_count() > 0 {
                     std::thread::sleep(tick);
-                    clock_us.store(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    clock.read();
                     engine.increment_epoch();
+                    clock.tick_or_rest(&mut idle, &mut seen, TICKER_REST);
                 }
             })
             .context("cannot start the epoch ticker thread")?;
+        runtime.clock.set_ticker(ticker.thread().clone());
         Ok(runtime)
     }
 
     /// The runtime's configuration.
     pub fn config(&self) -> &RuntimeConfig {
         &self.config
+    }
+
+    /// Whether the epoch ticker is resting: no plugin call ran for its last 50 ticks (see
+    /// [`deadline`](super::deadline)).
+    pub fn ticker_resting(&self) -> bool {
+        self.clock.resting()
     }
 
     /// A fresh Store for `plugin`, with its limits and capabilities.
@@ -248,7 +258,7 @@ impl PluginRuntime {
             .table_elements(1 << 20)
             .trap_on_grow_failure(true)
             .build();
-        let deadline = CallDeadline::new(self.config.tick, self.clock_us.clone());
+        let deadline = CallDeadline::new(self.config.tick, self.clock.clone());
         let state = HostState { wasi: wasi.build(), table: ResourceTable::new(), limits, tokenizer, stderr, deadline };
         let mut store = wasmtime::Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
