@@ -54,13 +54,19 @@ fn trap_message(e: PluginError) -> String {
     }
 }
 
-#[test]
-fn endless_mask_hits_the_deadline_and_the_host_goes_on() {
+/// A testkit instance with a matcher whose masks never end, under a mask limit of 50 ms.
+fn endless_matcher() -> (Fixture, Arc<ByteTokenizer>, PluginInstance, MatcherHandle) {
     let f = fixture_with_deadlines(100, Duration::from_millis(50), Duration::from_secs(10));
     let tok = ByteTokenizer::new(&[]);
     let mut inst = instance(&f, "testkit", &tok);
     let c = inst.compile("loop-mask", "", "{}").unwrap();
     let m = inst.new_matcher(&c).unwrap();
+    (f, tok, inst, m)
+}
+
+#[test]
+fn endless_mask_hits_the_deadline_and_the_host_goes_on() {
+    let (f, tok, mut inst, m) = endless_matcher();
     let msg = trap_message(inst.compute_mask(&m).unwrap_err());
     assert!(msg.contains("exceeded its time limit of 50 ms"), "{msg}");
     // The old matcher died with its Store; the instance itself restarts on the next compile.
@@ -74,11 +80,7 @@ fn endless_mask_hits_the_deadline_and_the_host_goes_on() {
 /// The epoch ticker rests while no call runs; a call that comes then still has its deadline.
 #[test]
 fn an_endless_mask_is_stopped_after_the_ticker_rested() {
-    let f = fixture_with_deadlines(100, Duration::from_millis(50), Duration::from_secs(10));
-    let tok = ByteTokenizer::new(&[]);
-    let mut inst = instance(&f, "testkit", &tok);
-    let c = inst.compile("loop-mask", "", "{}").unwrap();
-    let m = inst.new_matcher(&c).unwrap();
+    let (f, tok, mut inst, m) = endless_matcher();
     let until = std::time::Instant::now() + Duration::from_secs(30);
     while !f.runtime.ticker_resting() {
         assert!(std::time::Instant::now() < until, "the epoch ticker never rested");
