@@ -117,12 +117,13 @@ impl EpochClock {
         self.resting.load(Ordering::SeqCst)
     }
 
-    /// Names the thread that ticks (the one [`Self::tick_or_rest`] parks).
+    /// Names the thread that ticks (the one [`Self::tick_or_rest`] parks); the ticker calls
+    /// it before its first tick.
     pub fn set_ticker(&self, thread: std::thread::Thread) {
         let _ = self.ticker.set(thread);
     }
 
-    /// Wakes the ticker, so that it can stop it, e.g. when the runtime is dropped.
+    /// Wakes the resting ticker, e.g. so that it sees the runtime is gone and stops.
     pub fn wake_ticker(&self) {
         if let Some(t) = self.ticker.get() {
             t.unpark();

@@ -211,9 +211,11 @@ impl PluginRuntime {
         let weak: Weak<Self> = Arc::downgrade(&runtime);
         let tick = runtime.config.tick;
         let engine = runtime.engine.clone();
-        let ticker = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("dspark-epoch".into())
             .spawn(move || {
+                // Named before the first tick, so that a call can always wake a resting ticker.
+                clock.set_ticker(std::thread::current());
                 let (mut idle, mut seen) = (0, 0);
                 while !ticker_stop.load(Ordering::Relaxed) && weak.strong_count() > 0 {
                     std::thread::sleep(tick);
@@ -223,7 +225,6 @@ impl PluginRuntime {
                 }
             })
             .context("cannot start the epoch ticker thread")?;
-        runtime.clock.set_ticker(ticker.thread().clone());
         Ok(runtime)
     }
 
