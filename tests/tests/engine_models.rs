@@ -408,3 +408,40 @@ fn prompt_lookup_drafts_save_steps_without_changing_the_output() {
         assert_eq!(run_all(&mut b, vec![sampled(seed)]), run_all(&mut a, vec![sampled(seed)]), "seed {seed}");
     }
 }
+
+#[test]
+fn confident_lookup_drafts_in_a_full_batch_without_changing_the_output() {
+    let path = smollm2();
+    let plain = EngineConfig { max_model_len: Some(512), ..EngineConfig::default() };
+    // Lookup never drafts by batch size here (`lookup_max_seqs: 0`): only confidence lets it.
+    let confident = EngineConfig {
+        prompt_lookup: Some(PromptLookup::default()),
+        lookup_max_seqs: 0,
+        confident_lookup_hits: Some(4),
+        ..plain.clone()
+    };
+    let unconfident = EngineConfig { confident_lookup_hits: None, ..confident.clone() };
+    let mut a = engine(&path, plain);
+    // Three copying tasks decoded together: each answer repeats its prompt's text, so
+    // lookup's proposals keep being drawn and the sequences become confident.
+    let texts = [
+        "Order ORD-4821 was placed for 3 x Wireless Mouse at $24.99 each, $74.97 in total; it is shipped.",
+        "Order ORD-1307 was placed for 2 x USB-C Cable at $9.50 each, $19.00 in total; it is pending.",
+        "Order ORD-7755 was placed for 1 x Laptop Stand at $45.00 each, $45.00 in total; it is delivered.",
+    ];
+    let prompts: Vec<Vec<u32>> =
+        texts.iter().map(|t| chat_prompt(a.tokenizer(), &format!("Repeat this sentence exactly: {t}"))).collect();
+    let requests = || -> Vec<GenerationRequest> { prompts.iter().map(|p| greedy(p.clone(), 40)).collect() };
+    let expected = run_all(&mut a, requests());
+    let mut b = engine(&path, confident);
+    assert_eq!(run_all(&mut b, requests()), expected, "greedy outputs are those of plain decoding");
+    let (sa, sb) = (a.stats(), b.stats());
+    assert!(sb.speculated_accepted > 0, "confident sequences drafted in a batch of three: {sb:?}");
+    assert!(sb.speculated_accepted * 2 > sb.speculated_tokens, "most confident drafts are drawn: {sb:?}");
+    assert_eq!(sb.sampled_tokens, sa.sampled_tokens, "every token is still sampled");
+    assert!(sb.steps < sa.steps, "drawn drafts saved steps: {sa:?} {sb:?}");
+
+    let mut c = engine(&path, unconfident);
+    assert_eq!(run_all(&mut c, requests()), expected);
+    assert_eq!(c.stats().speculated_tokens, 0, "without confidence nothing is drafted beside other sequences");
+}

@@ -79,6 +79,16 @@ pub struct EngineConfig {
     /// dominates (`dspark bench`: 1.11-1.17x with one sequence, 0.95-1.07x with two,
     /// 0.80-0.88x with four).
     pub lookup_max_seqs: usize,
+    /// Beyond [`Self::lookup_max_seqs`], a sequence still drafts by prompt lookup once this
+    /// many of its sampled tokens in a row were each the token lookup proposed (checked
+    /// every step without feeding a row); a miss sets the count back to 0. Repetitive text
+    /// (a model that loops on `Nine-Nine-Nine-...`, a copied list) is the case: such a
+    /// sequence samples every token while its neighbours fast-forward, so in a full batch
+    /// it moved at one token per step, slower than beside classic neighbours, and was the
+    /// slowest request of a `dspark bench` run (`docs/benchmarks.md`, seventeenth
+    /// session). Its drafts are nearly always drawn, and a drawn row is one the batch would
+    /// compute in a later step anyway. `None`: never.
+    pub confident_lookup_hits: Option<usize>,
     /// Draft at all (guesses, and prompt lookup within [`Self::lookup_max_seqs`]) only in
     /// steps that sample at most this many sequences. A drafted row pays off while a step's
     /// cost is reading the weights; once the rows' compute dominates (on two CPU cores from
@@ -112,6 +122,7 @@ impl Default for EngineConfig {
             guesses: true,
             prompt_lookup: None,
             lookup_max_seqs: 1,
+            confident_lookup_hits: Some(4),
             guess_max_seqs: 4,
             extra_rows_beside_plain: 0,
         }
@@ -316,6 +327,13 @@ struct RequestState {
     /// draft had drawn, so a sequence whose drafts keep missing pays one row per step and
     /// one whose drafts are drawn whole gets longer ones.
     lookup_len: usize,
+    /// Sampled tokens in a row that prompt lookup proposed
+    /// ([`EngineConfig::confident_lookup_hits`]).
+    lookup_hits: usize,
+    /// What prompt lookup proposed for the token this step samples, where the step feeds
+    /// no lookup draft for it: `Some(None)` when it proposed nothing; `None` when not
+    /// checked.
+    shadow_lookup: Option<Option<u32>>,
     /// Output produced before the first step (the constraint's initial span).
     pending: Vec<TokenOutput>,
     /// Set when the request ended before any step.
@@ -337,6 +355,7 @@ pub struct LlmEngine<B: Backend> {
     guesses: bool,
     prompt_lookup: Option<PromptLookup>,
     lookup_max_seqs: usize,
+    confident_lookup_hits: Option<usize>,
     guess_max_seqs: usize,
     mask_threads: usize,
     stats: EngineStats,
@@ -439,6 +458,7 @@ impl<B: Backend> LlmEngine<B> {
             guesses: config.guesses,
             prompt_lookup: config.prompt_lookup,
             lookup_max_seqs: config.lookup_max_seqs,
+            confident_lookup_hits: config.confident_lookup_hits,
             guess_max_seqs: config.guess_max_seqs,
             mask_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             stats: EngineStats::default(),
@@ -502,6 +522,8 @@ impl<B: Backend> LlmEngine<B> {
             text: OutputText::new(stop),
             generated: 0,
             lookup_len: self.prompt_lookup.map_or(0, |l| l.max_draft),
+            lookup_hits: 0,
+            shadow_lookup: None,
             pending: Vec::new(),
             finished_early: None,
         };
@@ -550,7 +572,15 @@ impl<B: Backend> LlmEngine<B> {
         for s in &plan.scheduled {
             let plain = self.scheduler.get(s.id).is_some_and(|seq| seq.plain);
             let max_rows = if plain { usize::MAX } else { extra_rows_left };
-            let draft = if s.sample && guessing { self.draft(s.id, looking_up, max_rows) } else { None };
+            let confident = s.sample && self.confident(s.id);
+            let draft = if s.sample && (guessing || confident) {
+                self.draft(s.id, guessing, looking_up || confident, max_rows)
+            } else {
+                None
+            };
+            if s.sample && draft.as_ref().is_none_or(|d| d.items.len() == d.guessed) {
+                self.check_lookup_silently(s.id);
+            }
             if let Some(d) = draft.as_ref().filter(|_| !plain) {
                 extra_rows_left -= d.rows();
             }
@@ -625,9 +655,10 @@ impl<B: Backend> LlmEngine<B> {
     /// saved), and so on down the draft; the rows after the first miss are dropped and their
     /// cache slots are overwritten later. Outputs are the same either way: a row's results
     /// do not depend on the other rows of its batch.
-    fn draft(&mut self, id: SeqId, with_lookup: bool, max_rows: usize) -> Option<Draft> {
+    fn draft(&mut self, id: SeqId, with_guess: bool, with_lookup: bool, max_rows: usize) -> Option<Draft> {
         let lookup = self.prompt_lookup.filter(|_| with_lookup);
-        if !self.guesses && lookup.is_none() {
+        let guesses = self.guesses && with_guess;
+        if !guesses && lookup.is_none() {
             return None;
         }
         let state = self.requests.get_mut(&id)?;
@@ -644,7 +675,7 @@ impl<B: Backend> LlmEngine<B> {
             .min(self.max_model_len.saturating_sub(seq.tokens.len() + 1))
             .min(max_rows);
         let mut rows = 0;
-        if self.guesses
+        if guesses
             && let Some(guess) = state.constraint.as_mut().and_then(|c| c.guess())
             && guess.forced.len() < room
         {
@@ -700,8 +731,17 @@ impl<B: Backend> LlmEngine<B> {
         let mut first = tokens.len();
         let mut finish = self.advance_state(id, &mut state, logits, mask, &mut tokens);
         let mut drawn: usize = 0;
-        for (item, logits) in draft.items.iter().zip(after) {
-            if finish.is_some() || tokens.get(first).map(|t| t.token) != Some(item.token) {
+        Self::score_shadow_lookup(&mut state, tokens.get(first).map(|t| t.token));
+        for ((i, item), logits) in draft.items.iter().enumerate().zip(after) {
+            if finish.is_some() {
+                break;
+            }
+            let hit = tokens.get(first).map(|t| t.token) == Some(item.token);
+            if i >= draft.guessed {
+                // A lookup token that sampling reached: it counts toward confidence.
+                state.lookup_hits = if hit { state.lookup_hits + 1 } else { 0 };
+            }
+            if !hit {
                 break;
             }
             self.stats.speculated_accepted += 1;
@@ -843,8 +883,36 @@ impl<B: Backend> LlmEngine<B> {
     ) -> Option<SequenceUpdate> {
         let mut state = self.requests.remove(&id)?;
         let mut tokens = std::mem::take(&mut state.pending);
+        let first = tokens.len();
         let finish = self.advance_state(id, &mut state, logits, mask, &mut tokens);
+        Self::score_shadow_lookup(&mut state, tokens.get(first).map(|t| t.token));
         Some(self.conclude(id, state, tokens, finish))
+    }
+
+    /// Whether sequence `id` drafts by prompt lookup whatever the batch
+    /// ([`EngineConfig::confident_lookup_hits`]).
+    fn confident(&self, id: SeqId) -> bool {
+        let (Some(hits), Some(_)) = (self.confident_lookup_hits, self.prompt_lookup) else { return false };
+        self.requests.get(&id).is_some_and(|r| r.lookup_hits >= hits)
+    }
+
+    /// Records what prompt lookup would propose for the token sequence `id` samples this
+    /// step, without drafting it, so [`Self::score_shadow_lookup`] can count a hit or a miss.
+    fn check_lookup_silently(&mut self, id: SeqId) {
+        let (Some(lookup), Some(_)) = (self.prompt_lookup, self.confident_lookup_hits) else { return };
+        let (Some(state), Some(seq)) = (self.requests.get_mut(&id), self.scheduler.get(id)) else { return };
+        let mut proposed = Vec::with_capacity(1);
+        lookup.propose(&seq.tokens, 1, &mut proposed);
+        state.shadow_lookup = Some(proposed.first().copied());
+    }
+
+    /// Counts the silently checked proposal (if one was made this step) against `sampled`,
+    /// the token sampling drew (`None`: none was drawn).
+    fn score_shadow_lookup(state: &mut RequestState, sampled: Option<u32>) {
+        if let Some(proposed) = state.shadow_lookup.take() {
+            let hit = proposed.is_some() && proposed == sampled;
+            state.lookup_hits = if hit { state.lookup_hits + 1 } else { 0 };
+        }
     }
 
     /// The update of a sequence after its step: the new text; the sequence ends (its blocks

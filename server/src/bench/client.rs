@@ -59,6 +59,9 @@ pub struct Outcome {
     pub ttft: Option<f64>,
     /// Seconds from sending to the end of the stream.
     pub latency: f64,
+    /// Seconds from the start of its block of requests to sending (set by the bench loop):
+    /// with `latency`, it places the request among its neighbours in a `--dump`.
+    pub sent_at: f64,
     /// Completion tokens (from usage, else content chunks).
     pub completion_tokens: u64,
     /// Whether `completion_tokens` came from the server's usage.

@@ -119,7 +119,8 @@ pub struct BenchArgs {
     #[arg(long)]
     json: bool,
     /// Write every answer to this file, one JSON object per line (target, index, content,
-    /// finish reason, completion tokens, error).
+    /// finish reason, completion tokens, error, and the seconds: sent after its block's
+    /// start, TTFT, latency).
     #[arg(long)]
     dump: Option<std::path::PathBuf>,
 }
@@ -228,7 +229,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         for (t, outcomes) in targets.iter().zip(&outcomes) {
             for (index, o) in outcomes.iter().enumerate() {
                 let Some(o) = o else { continue };
-                let line = json!({"target": t.label, "index": index, "content": o.content, "finish_reason": o.finish_reason, "completion_tokens": o.completion_tokens, "error": o.error});
+                let line = json!({"target": t.label, "index": index, "content": o.content, "finish_reason": o.finish_reason, "completion_tokens": o.completion_tokens, "error": o.error, "sent_at_s": o.sent_at, "ttft_s": o.ttft, "latency_s": o.latency});
                 lines.push_str(&line.to_string());
                 lines.push('\n');
             }
@@ -265,7 +266,10 @@ async fn run_block(
                     return done;
                 }
                 let body = &bodies[i - bodies[0].0].1;
-                done.push((i, client::chat(&target.endpoint, body, timeout).await));
+                let sent_at = started.elapsed().as_secs_f64();
+                let mut outcome = client::chat(&target.endpoint, body, timeout).await;
+                outcome.sent_at = sent_at;
+                done.push((i, outcome));
             }
         });
     }

@@ -29,7 +29,7 @@ use anyhow::{Context, anyhow, bail};
 use serde::Deserialize;
 use serde_json::Value;
 
-use dspark_host::engine::PromptLookup;
+use dspark_host::engine::{EngineConfig, PromptLookup};
 use dspark_host::engine::backend::KvDtype;
 
 use super::api::SamplingDefaults;
@@ -107,6 +107,13 @@ pub struct EntryConfig {
     /// The shortest suffix prompt lookup matches (at least 1).
     #[serde(default = "default_prompt_lookup_min")]
     pub prompt_lookup_min: usize,
+    /// With prompt lookup on, a request drafts by it in any step, not only in steps that
+    /// sample one request, once this many of its sampled tokens in a row were what lookup
+    /// proposed (checked without feeding rows): a request looping on repeated text then
+    /// keeps pace beside requests that fast-forward. `0` is never. Outputs are the same
+    /// either way.
+    #[serde(default = "default_confident_lookup_hits")]
+    pub confident_lookup_hits: usize,
     /// With `dspark`, while an unconstrained request is decoding, the most rows beyond one
     /// per request that constrained requests get per step in total (fast-forward chunks,
     /// fed over several steps when they do not fit, and drafts). Each extra row slows the
@@ -168,6 +175,9 @@ fn default_prompt_lookup_max() -> usize {
 fn default_prompt_lookup_min() -> usize {
     PromptLookup::default().min_ngram
 }
+fn default_confident_lookup_hits() -> usize {
+    EngineConfig::default().confident_lookup_hits.unwrap_or(0)
+}
 
 impl EntryConfig {
     /// Checks the values serde cannot: positive limits, a sane prompt-lookup window.
@@ -198,6 +208,11 @@ impl EntryConfig {
             max_ngram: self.prompt_lookup_max,
             min_ngram: self.prompt_lookup_min,
         })
+    }
+
+    /// [`EntryConfig::confident_lookup_hits`] for the engine: `None` when `0`.
+    pub fn confident_lookup(&self) -> Option<usize> {
+        (self.confident_lookup_hits > 0).then_some(self.confident_lookup_hits)
     }
 }
 
@@ -421,6 +436,13 @@ spec:
             let doc = format!("metadata: {{name: m}}\nspec: {{source: a, config: {{{config}}}}}\n");
             parse(&doc, Path::new(".")).map(|mut e| e.remove(0).config.prompt_lookup())
         };
+        assert_eq!(entries[0].config.confident_lookup(), Some(4), "the engine's default");
+        let confident = |config: &str| {
+            let doc = format!("metadata: {{name: m}}\nspec: {{source: a, config: {{{config}}}}}\n");
+            parse(&doc, Path::new(".")).unwrap().remove(0).config.confident_lookup()
+        };
+        assert_eq!(confident("confident_lookup_hits: 0"), None, "0 is never");
+        assert_eq!(confident("confident_lookup_hits: 7"), Some(7));
         assert_eq!(entry("speculate: false").unwrap(), None);
         assert_eq!(entry("num_speculative_tokens: 0").unwrap(), None);
         assert_eq!(

@@ -89,6 +89,7 @@ impl Worker {
             masked_logits: config.dspark && config.masked_logits,
             guesses: config.dspark && config.speculate,
             prompt_lookup: config.prompt_lookup(),
+            confident_lookup_hits: config.confident_lookup(),
             extra_rows_beside_plain: config.extra_rows_beside_unconstrained,
             kv_cache_dtype: config.kv_cache_dtype.resolve(),
             ..EngineConfig::default()
