@@ -29,8 +29,8 @@ use anyhow::{Context, anyhow, bail};
 use serde::Deserialize;
 use serde_json::Value;
 
-use dspark_host::engine::{EngineConfig, PromptLookup};
 use dspark_host::engine::backend::KvDtype;
+use dspark_host::engine::{EngineConfig, PromptLookup};
 
 use super::api::SamplingDefaults;
 

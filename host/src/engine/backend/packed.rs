@@ -861,7 +861,7 @@ impl ByteColumns {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn interleave_rows<const R: usize>(sums: &mut [std::arch::x86_64::__m512i; R]) {
+pub(super) fn interleave_rows<const R: usize>(sums: &mut [std::arch::x86_64::__m512i; R]) {
     use std::arch::asm;
     /// One empty statement over `*$s.add(i)` for each listed `i` (which must be 0, 1, ...:
     /// they name the operands in the template).

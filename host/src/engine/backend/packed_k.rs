@@ -15,19 +15,27 @@
 //!   first (the 6-bit values are stored unsigned). `scale` and `min` are the sub-block's
 //!   6-bit (or 8-bit) factor times the superblock's f16 scale, in f32, made once at load.
 //!
-//! candle's AVX-512 and AVX2 tile kernels make the same float operations per lane, so one
-//! kernel here (AVX2) reproduces both. [`matmul_reference`] is the same arithmetic in plain
-//! Rust, the specification the tests hold the kernel and candle to. One row's result never
-//! depends on the others, which is what the engine's batch-invariant mode needs.
+//! candle's AVX-512 and AVX2 tile kernels make the same float operations per lane, so either
+//! kernel here reproduces both: the AVX2 one (two 8-column halves per 64-byte line,
+//! `vpmaddubsw` + `vpmaddwd` for the integer sums) and the AVX-512 VNNI one (a line per
+//! vector, one `vpdpbusd` per 4 values, 8 rows per weight read; `packed_kernels` bench on a
+//! Xeon, Sapphire Rapids: `docs/benchmarks.md`). [`matmul_reference`] is the same arithmetic in
+//! plain Rust, the specification the tests hold both kernels and candle to. One row's result
+//! never depends on the others, which is what the engine's batch-invariant mode needs.
 
+#[cfg(target_arch = "x86_64")]
+use super::packed::interleave_rows;
 use super::packed::{Isa, Outputs, Selection, for_each_tile};
 
 /// Values per superblock.
 const QK_K: usize = 256;
 /// Output columns per group (one tile).
 const COLUMNS: usize = 16;
-/// Rows per kernel call: candle's tile width; more spills AVX2's 16 registers.
+/// Rows per AVX2 kernel call: candle's tile width; more spills AVX2's 16 registers.
 const ROW_TILE: usize = 4;
+/// Rows per AVX-512 kernel call: 8 integer and 8 float accumulators beside the unpacked
+/// weights fit AVX-512's 32 registers, and each weight line then serves twice the rows.
+const ROW_TILE_AVX512: usize = 8;
 
 /// The two formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,22 +196,30 @@ impl PackedK {
         wanted: Option<Selection>,
         fill: f32,
     ) -> Option<Vec<f32>> {
-        // The AVX2 kernel serves AVX-512 machines too: candle's float steps are the same per
-        // lane at either width (module docs).
+        // The AVX2 kernel needs AVX2 and FMA even where `isa` is AVX-512 (both are then
+        // present); candle's float steps are the same per lane at either width (module docs).
         if !isa.available() || !Isa::Avx2.available() || x.len() != rows * self.k {
             return None;
         }
         let y = Q8KRows::quantize(x, rows, self.k);
         let mut out = Outputs::new(rows * self.n, wanted.map(|_| fill));
         let addr = out.addr();
-        for_each_tile(rows, self.n / COLUMNS, ROW_TILE, rows * self.n * self.k, wanted, |r0, r1, g| {
-            for r in (r0..r1).step_by(ROW_TILE) {
-                let tile_rows = (r1 - r).min(ROW_TILE);
-                // SAFETY: AVX2 and FMA are available (checked above); rows `r..r + tile_rows`
-                // and group `g` are in range, and each (row, group) block is written by one call.
+        let row_tile = match isa {
+            Isa::Avx512Vnni => ROW_TILE_AVX512,
+            Isa::Avx2 => ROW_TILE,
+        };
+        for_each_tile(rows, self.n / COLUMNS, row_tile, rows * self.n * self.k, wanted, |r0, r1, g| {
+            for r in (r0..r1).step_by(row_tile) {
+                let tile_rows = (r1 - r).min(row_tile);
+                // SAFETY: `isa`'s instructions are available (checked above); rows
+                // `r..r + tile_rows` and group `g` are in range, and each (row, group) block
+                // is written by one call.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    self.tile_avx2(&y, r, tile_rows, g, addr as *mut f32)
+                    match isa {
+                        Isa::Avx512Vnni => self.tile_avx512(&y, r, tile_rows, g, addr as *mut f32),
+                        Isa::Avx2 => self.tile_avx2(&y, r, tile_rows, g, addr as *mut f32),
+                    }
                 }
             }
         });
@@ -327,6 +343,141 @@ impl PackedK {
         }
         // SAFETY: as in `q4k_avx2`.
         unsafe { self.store::<R>(&acc, r0, g, out) }
+    }
+
+    /// Rows `r0..r0 + rows` (at most [`ROW_TILE_AVX512`]) of column group `g` into `out`,
+    /// with AVX-512 VNNI.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile_avx512(&self, y: &Q8KRows, r0: usize, rows: usize, g: usize, out: *mut f32) {
+        macro_rules! by_rows {
+            ($method:ident) => {
+                match rows {
+                    1 => self.$method::<1>(y, r0, g, out),
+                    2 => self.$method::<2>(y, r0, g, out),
+                    3 => self.$method::<3>(y, r0, g, out),
+                    4 => self.$method::<4>(y, r0, g, out),
+                    5 => self.$method::<5>(y, r0, g, out),
+                    6 => self.$method::<6>(y, r0, g, out),
+                    7 => self.$method::<7>(y, r0, g, out),
+                    _ => self.$method::<8>(y, r0, g, out),
+                }
+            };
+        }
+        // SAFETY: the caller's promises, passed on.
+        unsafe {
+            match self.format {
+                Format::Q4K => by_rows!(q4k_avx512),
+                Format::Q6K => by_rows!(q6k_avx512),
+            }
+        }
+    }
+
+    /// [`Self::tile_avx512`] for `R` rows of a Q4_K matrix: [`Self::q4k_avx2`]'s operations,
+    /// each line of 16 columns in one vector.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn q4k_avx512<const R: usize>(&self, y: &Q8KRows, r0: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let supers = self.k / QK_K;
+        let (tile_bytes, tile_factors) = (Self::tile_bytes(Format::Q4K), Self::tile_factors(Format::Q4K));
+        let nibbles = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for s in 0..supers {
+            let tile = g * supers + s;
+            // SAFETY: as in `q4k_avx2`.
+            unsafe {
+                let qs = self.qs.as_ptr().add(tile * tile_bytes);
+                let factors = self.factors.as_ptr().add(tile * tile_factors);
+                let words: [*const i32; R] = std::array::from_fn(|m| y.words_at(r0 + m, s));
+                let sums: [*const i16; R] = std::array::from_fn(|m| y.sums_at(r0 + m, s));
+                let d: [f32; R] = std::array::from_fn(|m| *y.d.get_unchecked((r0 + m) * supers + s));
+                for sub in 0..8 {
+                    let mut isum = [_mm512_setzero_si512(); R];
+                    for g4 in 0..4 {
+                        let line = sub * 4 + g4;
+                        let at = sub * 8 + g4 * 2;
+                        let w = _mm512_loadu_si512(qs.add(line * 64).cast());
+                        let lo = _mm512_and_si512(w, nibbles);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibbles);
+                        for (m, isum) in isum.iter_mut().enumerate() {
+                            *isum = _mm512_dpbusd_epi32(*isum, lo, _mm512_set1_epi32(*words[m].add(at)));
+                            *isum = _mm512_dpbusd_epi32(*isum, hi, _mm512_set1_epi32(*words[m].add(at + 1)));
+                        }
+                        interleave_rows(&mut isum);
+                    }
+                    let scale = _mm512_loadu_ps(factors.add(sub * COLUMNS));
+                    let min = _mm512_loadu_ps(factors.add((8 + sub) * COLUMNS));
+                    for (m, (acc, isum)) in acc.iter_mut().zip(isum).enumerate() {
+                        let bsum = (*sums[m].add(2 * sub) as i32 + *sums[m].add(2 * sub + 1) as i32) as f32;
+                        let f = _mm512_cvtepi32_ps(isum);
+                        *acc = _mm512_fmadd_ps(f, _mm512_mul_ps(scale, _mm512_set1_ps(d[m])), *acc);
+                        *acc = _mm512_fnmadd_ps(min, _mm512_set1_ps(d[m] * bsum), *acc);
+                    }
+                }
+            }
+        }
+        // SAFETY: as in `q4k_avx2`.
+        unsafe { self.store_avx512::<R>(&acc, r0, g, out) }
+    }
+
+    /// [`Self::tile_avx512`] for `R` rows of a Q6_K matrix: [`Self::q6k_avx2`]'s operations,
+    /// each line of 16 columns in one vector.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn q6k_avx512<const R: usize>(&self, y: &Q8KRows, r0: usize, g: usize, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let supers = self.k / QK_K;
+        let (tile_bytes, tile_factors) = (Self::tile_bytes(Format::Q6K), Self::tile_factors(Format::Q6K));
+        let mut acc = [_mm512_setzero_ps(); R];
+        for s in 0..supers {
+            let tile = g * supers + s;
+            // SAFETY: as in `q4k_avx2`.
+            unsafe {
+                let qs = self.qs.as_ptr().add(tile * tile_bytes);
+                let factors = self.factors.as_ptr().add(tile * tile_factors);
+                let words: [*const i32; R] = std::array::from_fn(|m| y.words_at(r0 + m, s));
+                let sums: [*const i16; R] = std::array::from_fn(|m| y.sums_at(r0 + m, s));
+                let d: [f32; R] = std::array::from_fn(|m| *y.d.get_unchecked((r0 + m) * supers + s));
+                for sub in 0..16 {
+                    let mut isum = [_mm512_setzero_si512(); R];
+                    for g4 in 0..4 {
+                        let line = sub * 4 + g4;
+                        let w = _mm512_loadu_si512(qs.add(line * 64).cast());
+                        for (m, isum) in isum.iter_mut().enumerate() {
+                            *isum = _mm512_dpbusd_epi32(*isum, w, _mm512_set1_epi32(*words[m].add(line)));
+                        }
+                        interleave_rows(&mut isum);
+                    }
+                    let scale = _mm512_loadu_ps(factors.add(sub * COLUMNS));
+                    for (m, (acc, isum)) in acc.iter_mut().zip(isum).enumerate() {
+                        let offset = _mm512_set1_ps(32.0 * *sums[m].add(sub) as f32);
+                        let f = _mm512_sub_ps(_mm512_cvtepi32_ps(isum), offset);
+                        *acc = _mm512_fmadd_ps(f, _mm512_mul_ps(scale, _mm512_set1_ps(d[m])), *acc);
+                    }
+                }
+            }
+        }
+        // SAFETY: as in `q4k_avx2`.
+        unsafe { self.store_avx512::<R>(&acc, r0, g, out) }
+    }
+
+    /// Writes `R` rows' accumulators to columns `16 g..16 g + 16` of rows `r0..r0 + R`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_avx512<const R: usize>(
+        &self,
+        acc: &[std::arch::x86_64::__m512; R],
+        r0: usize,
+        g: usize,
+        out: *mut f32,
+    ) {
+        for (m, acc) in acc.iter().enumerate() {
+            // SAFETY: the caller's promise that these outputs are in range and its own.
+            unsafe { std::arch::x86_64::_mm512_storeu_ps(out.add((r0 + m) * self.n + g * COLUMNS), *acc) };
+        }
     }
 
     /// Writes `R` rows' accumulators to columns `16 g..16 g + 16` of rows `r0..r0 + R`.
@@ -508,17 +659,24 @@ mod tests {
     /// tile and of candle's AMX threshold, with an all-zero row (`d = 0`) among them.
     #[test]
     fn the_kernel_reproduces_candle_bit_for_bit() {
-        let Some(isa) = Isa::detect() else {
+        let isas: Vec<Isa> = [Isa::Avx512Vnni, Isa::Avx2].into_iter().filter(|i| i.available()).collect();
+        if isas.is_empty() {
             eprintln!("no packed kernels on this CPU; nothing to compare");
             return;
-        };
+        }
+        for isa in isas {
+            the_kernel_of_reproduces_candle(isa);
+        }
+    }
+
+    fn the_kernel_of_reproduces_candle(isa: Isa) {
         for (dtype, q6k) in [(GgmlDType::Q4K, false), (GgmlDType::Q6K, true)] {
             for (n, k) in [(32usize, 512usize), (48, 768)] {
                 let w = Tensor::from_vec(values(n * k, 7), (n, k), &Device::Cpu).unwrap();
                 let q = QTensor::quantize(&w, dtype).unwrap();
                 let packed = PackedK::new(q6k, &q.data().unwrap(), n, k).unwrap();
                 let candle = QMatMul::from_qtensor(q).unwrap();
-                for rows in [2usize, 3, 5, 9, 31] {
+                for rows in [2usize, 3, 5, 8, 9, 17, 31] {
                     let mut x = values(rows * k, 13 + rows as u32);
                     x[k..2 * k].fill(0.0);
                     let got = packed.matmul_with(isa, &x, rows, None, 0.0).unwrap();
@@ -526,7 +684,11 @@ mod tests {
                     let input = Tensor::from_slice(&x, (rows, k), &Device::Cpu).unwrap();
                     let want = candle.forward(&input).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&spec), "{dtype:?} {n}x{k}, {rows} rows: kernel vs specification");
+                    assert_eq!(
+                        bits(&got),
+                        bits(&spec),
+                        "{isa:?} {dtype:?} {n}x{k}, {rows} rows: kernel vs specification"
+                    );
                     assert_eq!(bits(&spec), bits(&want), "{dtype:?} {n}x{k}, {rows} rows: specification vs candle");
                 }
                 // One row: candle's Q4_K takes the tiles, so it must agree too.
@@ -534,7 +696,7 @@ mod tests {
                     let x = values(k, 99);
                     let input = Tensor::from_slice(&x, (1, k), &Device::Cpu).unwrap();
                     let want = candle.forward(&input).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                    assert_eq!(packed.matmul_with(isa, &x, 1, None, 0.0).unwrap(), want, "Q4_K, one row");
+                    assert_eq!(packed.matmul_with(isa, &x, 1, None, 0.0).unwrap(), want, "{isa:?} Q4_K, one row");
                 }
             }
         }
