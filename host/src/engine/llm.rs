@@ -11,6 +11,9 @@
 //! sequence's last few tokens where they occurred before, [`super::draft`]). The draft rides
 //! along as more rows of the sequence; sampling runs row by row, and while it draws the
 //! drafted tokens, the tokens after them are sampled in the same step (`LlmEngine::draft`).
+//! On a CPU a drafted row costs compute the whole batch waits for, so drafts ride only in
+//! steps that sample few sequences, except prompt lookup's for a sequence whose last sampled
+//! tokens it kept predicting ([`EngineConfig::confident_lookup_hits`]).
 //! Cancellation removes a sequence and frees its blocks immediately.
 //!
 //! The engine is synchronous and single-threaded by design (the model's kernels are
