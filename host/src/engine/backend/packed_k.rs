@@ -254,20 +254,13 @@ impl PackedK {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn q4k_avx2<const R: usize>(&self, y: &Q8KRows, r0: usize, g: usize, out: *mut f32) {
         use std::arch::x86_64::*;
-        let supers = self.k / QK_K;
-        let (tile_bytes, tile_factors) = (Self::tile_bytes(Format::Q4K), Self::tile_factors(Format::Q4K));
         let nibbles = _mm256_set1_epi8(0x0F);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        for s in 0..supers {
-            let tile = g * supers + s;
-            // SAFETY: tile `tile`'s bytes and factors, and superblock `s` of rows
-            // `r0..r0 + R`, are in range (the caller's promise).
+        for s in 0..self.k / QK_K {
+            // SAFETY: superblock `s` of group `g` and rows `r0..r0 + R` are in range (the
+            // caller's promise).
             unsafe {
-                let qs = self.qs.as_ptr().add(tile * tile_bytes);
-                let factors = self.factors.as_ptr().add(tile * tile_factors);
-                let words: [*const i32; R] = std::array::from_fn(|m| y.words_at(r0 + m, s));
-                let sums: [*const i16; R] = std::array::from_fn(|m| y.sums_at(r0 + m, s));
-                let d: [f32; R] = std::array::from_fn(|m| *y.d.get_unchecked((r0 + m) * supers + s));
+                let SuperblockRows { qs, factors, words, sums, d } = self.superblock::<R>(y, r0, g, s);
                 for sub in 0..8 {
                     let mut isum = [[_mm256_setzero_si256(); 2]; R];
                     for g4 in 0..4 {
@@ -307,18 +300,12 @@ impl PackedK {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn q6k_avx2<const R: usize>(&self, y: &Q8KRows, r0: usize, g: usize, out: *mut f32) {
         use std::arch::x86_64::*;
-        let supers = self.k / QK_K;
-        let (tile_bytes, tile_factors) = (Self::tile_bytes(Format::Q6K), Self::tile_factors(Format::Q6K));
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        for s in 0..supers {
-            let tile = g * supers + s;
-            // SAFETY: as in `q4k_avx2`.
+        for s in 0..self.k / QK_K {
+            // SAFETY: superblock `s` of group `g` and rows `r0..r0 + R` are in range (the
+            // caller's promise).
             unsafe {
-                let qs = self.qs.as_ptr().add(tile * tile_bytes);
-                let factors = self.factors.as_ptr().add(tile * tile_factors);
-                let words: [*const i32; R] = std::array::from_fn(|m| y.words_at(r0 + m, s));
-                let sums: [*const i16; R] = std::array::from_fn(|m| y.sums_at(r0 + m, s));
-                let d: [f32; R] = std::array::from_fn(|m| *y.d.get_unchecked((r0 + m) * supers + s));
+                let SuperblockRows { qs, factors, words, sums, d } = self.superblock::<R>(y, r0, g, s);
                 for sub in 0..16 {
                     let mut isum = [[_mm256_setzero_si256(); 2]; R];
                     for g4 in 0..4 {
@@ -380,19 +367,13 @@ impl PackedK {
     #[inline]
     unsafe fn q4k_avx512<const R: usize>(&self, y: &Q8KRows, r0: usize, g: usize, out: *mut f32) {
         use std::arch::x86_64::*;
-        let supers = self.k / QK_K;
-        let (tile_bytes, tile_factors) = (Self::tile_bytes(Format::Q4K), Self::tile_factors(Format::Q4K));
         let nibbles = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); R];
-        for s in 0..supers {
-            let tile = g * supers + s;
-            // SAFETY: as in `q4k_avx2`.
+        for s in 0..self.k / QK_K {
+            // SAFETY: superblock `s` of group `g` and rows `r0..r0 + R` are in range (the
+            // caller's promise).
             unsafe {
-                let qs = self.qs.as_ptr().add(tile * tile_bytes);
-                let factors = self.factors.as_ptr().add(tile * tile_factors);
-                let words: [*const i32; R] = std::array::from_fn(|m| y.words_at(r0 + m, s));
-                let sums: [*const i16; R] = std::array::from_fn(|m| y.sums_at(r0 + m, s));
-                let d: [f32; R] = std::array::from_fn(|m| *y.d.get_unchecked((r0 + m) * supers + s));
+                let SuperblockRows { qs, factors, words, sums, d } = self.superblock::<R>(y, r0, g, s);
                 for sub in 0..8 {
                     let mut isum = [_mm512_setzero_si512(); R];
                     for g4 in 0..4 {
@@ -429,18 +410,12 @@ impl PackedK {
     #[inline]
     unsafe fn q6k_avx512<const R: usize>(&self, y: &Q8KRows, r0: usize, g: usize, out: *mut f32) {
         use std::arch::x86_64::*;
-        let supers = self.k / QK_K;
-        let (tile_bytes, tile_factors) = (Self::tile_bytes(Format::Q6K), Self::tile_factors(Format::Q6K));
         let mut acc = [_mm512_setzero_ps(); R];
-        for s in 0..supers {
-            let tile = g * supers + s;
-            // SAFETY: as in `q4k_avx2`.
+        for s in 0..self.k / QK_K {
+            // SAFETY: superblock `s` of group `g` and rows `r0..r0 + R` are in range (the
+            // caller's promise).
             unsafe {
-                let qs = self.qs.as_ptr().add(tile * tile_bytes);
-                let factors = self.factors.as_ptr().add(tile * tile_factors);
-                let words: [*const i32; R] = std::array::from_fn(|m| y.words_at(r0 + m, s));
-                let sums: [*const i16; R] = std::array::from_fn(|m| y.sums_at(r0 + m, s));
-                let d: [f32; R] = std::array::from_fn(|m| *y.d.get_unchecked((r0 + m) * supers + s));
+                let SuperblockRows { qs, factors, words, sums, d } = self.superblock::<R>(y, r0, g, s);
                 for sub in 0..16 {
                     let mut isum = [_mm512_setzero_si512(); R];
                     for g4 in 0..4 {
@@ -462,6 +437,28 @@ impl PackedK {
         }
         // SAFETY: as in `q4k_avx2`.
         unsafe { self.store_avx512::<R>(&acc, r0, g, out) }
+    }
+
+    /// Where the kernels read superblock `s` of column group `g` and of rows `r0..r0 + R`.
+    ///
+    /// # Safety
+    /// `g`, `s` and rows `r0..r0 + R` of `y` are in range.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn superblock<const R: usize>(&self, y: &Q8KRows, r0: usize, g: usize, s: usize) -> SuperblockRows<R> {
+        let supers = self.k / QK_K;
+        let tile = g * supers + s;
+        let (tile_bytes, tile_factors) = (Self::tile_bytes(self.format), Self::tile_factors(self.format));
+        // SAFETY: the caller's promise: the tile and the rows' superblock exist.
+        unsafe {
+            SuperblockRows {
+                qs: self.qs.as_ptr().add(tile * tile_bytes),
+                factors: self.factors.as_ptr().add(tile * tile_factors),
+                words: std::array::from_fn(|m| y.words_at(r0 + m, s)),
+                sums: std::array::from_fn(|m| y.sums_at(r0 + m, s)),
+                d: std::array::from_fn(|m| *y.d.get_unchecked((r0 + m) * supers + s)),
+            }
+        }
     }
 
     /// Writes `R` rows' accumulators to columns `16 g..16 g + 16` of rows `r0..r0 + R`.
@@ -500,6 +497,17 @@ impl PackedK {
             }
         }
     }
+}
+
+/// What a kernel reads for one superblock ([`PackedK::superblock`]): the tile's weight bytes
+/// and f32 factors, and each row's quantised words, sums of 16 and scale.
+#[cfg(target_arch = "x86_64")]
+struct SuperblockRows<const R: usize> {
+    qs: *const u8,
+    factors: *const f32,
+    words: [*const i32; R],
+    sums: [*const i16; R],
+    d: [f32; R],
 }
 
 /// `acc` plus the sums of each lane's four unsigned weight bytes times the four activation
