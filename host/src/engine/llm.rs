@@ -359,6 +359,8 @@ pub struct LlmEngine<B: Backend> {
     prompt_lookup: Option<PromptLookup>,
     lookup_max_seqs: usize,
     confident_lookup_hits: Option<usize>,
+    /// [`Self::check_lookup_silently`]'s proposal, kept to spare an allocation per step.
+    lookup_scratch: Vec<u32>,
     guess_max_seqs: usize,
     mask_threads: usize,
     stats: EngineStats,
@@ -462,6 +464,7 @@ impl<B: Backend> LlmEngine<B> {
             prompt_lookup: config.prompt_lookup,
             lookup_max_seqs: config.lookup_max_seqs,
             confident_lookup_hits: config.confident_lookup_hits,
+            lookup_scratch: Vec::new(),
             guess_max_seqs: config.guess_max_seqs,
             mask_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             stats: EngineStats::default(),
@@ -576,12 +579,12 @@ impl<B: Backend> LlmEngine<B> {
             let plain = self.scheduler.get(s.id).is_some_and(|seq| seq.plain);
             let max_rows = if plain { usize::MAX } else { extra_rows_left };
             let confident = s.sample && self.confident(s.id);
-            let draft = if s.sample && (guessing || confident) {
-                self.draft(s.id, guessing, looking_up || confident, max_rows)
-            } else {
-                None
-            };
-            if s.sample && draft.as_ref().is_none_or(|d| d.items.len() == d.guessed) {
+            let drafting = s.sample && (guessing || confident);
+            let with_lookup = looking_up || confident;
+            let draft = if drafting { self.draft(s.id, guessing, with_lookup, max_rows) } else { None };
+            // Where lookup was not asked for a draft, ask it silently, so its hits still count;
+            // where it was, its drafted tokens are counted when sampled (and it proposed none).
+            if s.sample && !(drafting && with_lookup) {
                 self.check_lookup_silently(s.id);
             }
             if let Some(d) = draft.as_ref().filter(|_| !plain) {
@@ -904,9 +907,9 @@ impl<B: Backend> LlmEngine<B> {
     fn check_lookup_silently(&mut self, id: SeqId) {
         let (Some(lookup), Some(_)) = (self.prompt_lookup, self.confident_lookup_hits) else { return };
         let (Some(state), Some(seq)) = (self.requests.get_mut(&id), self.scheduler.get(id)) else { return };
-        let mut proposed = Vec::with_capacity(1);
-        lookup.propose(&seq.tokens, 1, &mut proposed);
-        state.shadow_lookup = Some(proposed.first().copied());
+        self.lookup_scratch.clear();
+        lookup.propose(&seq.tokens, 1, &mut self.lookup_scratch);
+        state.shadow_lookup = Some(self.lookup_scratch.first().copied());
     }
 
     /// Counts the silently checked proposal (if one was made this step) against `sampled`,
