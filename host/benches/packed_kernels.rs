@@ -1,11 +1,15 @@
 //! The packed matrix kernels alone, per instruction set: `cargo bench -p dspark-host --bench
 //! packed_kernels`. For each of SmolLM2's product shapes (the gate/up, down and output
-//! projections), and Qwen2.5's that the packed kernels take, and 1, 4, 8 and 16 rows, the median time of a product, the weight bytes streamed
+//! projections), and Qwen2.5's that the packed kernels take, and 1, 2, 4, 8 and 16 rows, the median time of a product, the weight bytes streamed
 //! per second and the multiply-adds per second, with the AVX-512 VNNI and AVX2 kernels where
 //! this CPU has them and candle's own kernel beside them. Medians and minimums of repeated
 //! runs, since these machines are shared and noisy: the minimum is the kernel undisturbed, the
 //! figure to compare two versions of a kernel by. A first argument not starting with `-`
 //! keeps only the products whose name contains it (`cargo bench ... -- Q4_1`).
+//!
+//! Everything runs inside a rayon pool's worker, as the engine's forward pass does: a product
+//! called from outside the pool waits for its workers to wake (several microseconds), which
+//! swamped the small products' times.
 
 mod common;
 
@@ -16,6 +20,11 @@ use candle_core::{Device, Module, Tensor};
 use dspark_host::engine::backend::packed::{Isa, Packed};
 
 fn main() -> anyhow::Result<()> {
+    let pool = rayon::ThreadPoolBuilder::new().build()?;
+    pool.install(run)
+}
+
+fn run() -> anyhow::Result<()> {
     let shapes = [
         ("gate/up 1536x576 Q4_1", GgmlDType::Q4_1, 1536usize, 576usize),
         ("down 576x1536 Q4_1", GgmlDType::Q4_1, 576, 1536),
@@ -38,7 +47,7 @@ fn main() -> anyhow::Result<()> {
         let bytes = q.storage_size_in_bytes();
         let packed = Packed::new(dtype, &q.data()?, n, k).ok_or_else(|| anyhow::anyhow!("{name}: not packable"))?;
         let reference = QMatMul::from_qtensor(q)?;
-        for rows in [1usize, 4, 8, 16] {
+        for rows in [1usize, 2, 4, 8, 16] {
             let x = values(rows * k, rows as u64);
             let input = Tensor::from_slice(&x, (rows, k), &Device::Cpu)?;
             let report = |kernel: &str, (secs, min): (f64, f64)| {
