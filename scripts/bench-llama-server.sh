@@ -12,6 +12,8 @@
 #
 # Usage: scripts/bench-llama-server.sh [smollm2|qwen25] [extra `dspark bench` arguments]
 #   e.g. scripts/bench-llama-server.sh smollm2 --requests 32 --concurrency 8 --records 5 --seed 7
+# DSPARK_CONFIG names another model-entry file for dspark (its `*-dspark` entry is benchmarked);
+# dspark serve sees this environment, so DSPARK_CPU_KERNELS=avx2 runs it on its AVX2 kernels.
 # Needs the release binary (`cargo build --release -p dspark-server`); builds llama-server with
 # scripts/build-llama-server.sh and fetches the models with scripts/fetch-assets.sh.
 set -euo pipefail
@@ -43,7 +45,7 @@ trap cleanup EXIT
 "$llama_server" -m "$gguf" --host 127.0.0.1 --port "$llama_port" -np 8 -c 16384 -cb -fa "${LLAMA_FLASH_ATTN:-off}" \
   -t "$(nproc)" -tb "$(nproc)" > "$logs/llama-server.log" 2>&1 &
 pids+=($!)
-"$dspark" serve --config "$config" --port "$dspark_port" > "$logs/dspark.log" 2>&1 &
+"$dspark" serve --config "${DSPARK_CONFIG:-$config}" --port "$dspark_port" > "$logs/dspark.log" 2>&1 &
 pids+=($!)
 
 wait_ready() {
