@@ -353,18 +353,28 @@ fn config_edits_reload_models_while_requests_run() {
     };
     assert_eq!(ask("a", 2).status, 200);
 
+    // Waits until `n` requests of model `a` are running. Polled rather than slept for: the
+    // engine's speed must not decide whether the requests overlap (at 150 tokens, the long
+    // request once finished before the third was sent).
+    let running = |n: f64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while metric(addr, "vllm:num_requests_running{model_name=\"a\"}") < n {
+            assert!(Instant::now() < deadline, "{n} requests never ran at once");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
     // A long request runs on the old engine while the entry reloads.
     let long = std::thread::spawn(move || {
-        let body = json!({"model": "a", "prompt": "Count:", "max_tokens": 150, "ignore_eos": true});
+        let body = json!({"model": "a", "prompt": "Count:", "max_tokens": 1000, "ignore_eos": true});
         post_json(addr, "/v1/completions", &body)
     });
-    std::thread::sleep(Duration::from_millis(500));
+    running(1.0);
     // Queue limit: max_queue 2 -> a third concurrent request gets 429.
     let second = std::thread::spawn(move || {
-        let body = json!({"model": "a", "prompt": "Count:", "max_tokens": 100, "ignore_eos": true});
+        let body = json!({"model": "a", "prompt": "Count:", "max_tokens": 600, "ignore_eos": true});
         post_json(addr, "/v1/completions", &body)
     });
-    std::thread::sleep(Duration::from_millis(300));
+    running(2.0);
     let third = ask("a", 4);
     assert_error(&third, 429, None, "already queued");
     assert!(third.header("retry-after").is_some());
@@ -393,7 +403,7 @@ fn config_edits_reload_models_while_requests_run() {
     assert!(saw_loading, "a 491 MB model should be seen loading");
     let long = long.join().unwrap().json();
     assert_eq!(long["choices"][0]["finish_reason"], "length", "the in-flight request finished: {long}");
-    assert_eq!(long["usage"]["completion_tokens"], 150);
+    assert_eq!(long["usage"]["completion_tokens"], 1000);
     assert_eq!(second.join().unwrap().status, 200);
     let models = get(addr, "/v1/models").json();
     let a = models["data"].as_array().unwrap().iter().find(|m| m["id"] == "a").unwrap().clone();
