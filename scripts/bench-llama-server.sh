@@ -6,9 +6,9 @@
 # context per slot (dspark's `max_model_len`), the schema in its own `json_schema` field.
 # Flash attention is off by default (LLAMA_FLASH_ATTN=on|off|auto): the issue names it as
 # llama-server's best setting, but on this 2-core Xeon it decoded SmolLM2 at 13.7 ms a token
-# with it and 7.5 ms without (one request, 300-token prompts; `docs/benchmarks.md`). Both servers stay up for the
-# whole run; `dspark bench` alternates blocks of requests between them, so only one works at
-# a time.
+# with it and 7.5 ms without (one request, 300-token prompts; `docs/benchmarks.md`).
+# Both servers stay up for the whole run; `dspark bench` alternates blocks of requests between
+# them, so only one works at a time.
 #
 # Usage: scripts/bench-llama-server.sh [smollm2|qwen25] [extra `dspark bench` arguments]
 #   e.g. scripts/bench-llama-server.sh smollm2 --requests 32 --concurrency 8 --records 5 --seed 7
