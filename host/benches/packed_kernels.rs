@@ -7,9 +7,8 @@
 //! figure to compare two versions of a kernel by. A first argument not starting with `-`
 //! keeps only the products whose name contains it (`cargo bench ... -- Q4_1`).
 //!
-//! Everything runs inside a rayon pool's worker, as the engine's forward pass does: a product
-//! called from outside the pool waits for its workers to wake (several microseconds), which
-//! swamped the small products' times.
+//! The products run on the backend's worker threads ([`dspark_host::engine::backend::pool`]),
+//! as in the engine's forward pass; the calling thread takes items beside them.
 
 mod common;
 
@@ -20,11 +19,6 @@ use candle_core::{Device, Module, Tensor};
 use dspark_host::engine::backend::packed::{Isa, Packed};
 
 fn main() -> anyhow::Result<()> {
-    let pool = rayon::ThreadPoolBuilder::new().build()?;
-    pool.install(run)
-}
-
-fn run() -> anyhow::Result<()> {
     let shapes = [
         ("gate/up 1536x576 Q4_1", GgmlDType::Q4_1, 1536usize, 576usize),
         ("down 576x1536 Q4_1", GgmlDType::Q4_1, 576, 1536),

@@ -234,7 +234,7 @@ pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
     let report = json!({
         "model": args.model.display().to_string(),
         "target_cpu_features": {"avx2": cfg!(target_feature = "avx2"), "fma": cfg!(target_feature = "fma")},
-        "threads": rayon_threads(),
+        "threads": cpu_threads(),
         "kv_cache_dtype": format!("{bench_dtype:?}").to_lowercase(),
         "copy_bandwidth_gb_s": bandwidth / 1e9,
         "weight_bytes": weight_bytes,
@@ -277,6 +277,6 @@ pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn rayon_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+fn cpu_threads() -> usize {
+    dspark_host::engine::backend::pool::threads()
 }

@@ -7,7 +7,8 @@
 //! multiplied by candle's kernels (which quantise the activations to 8 bits per block and use
 //! AVX2 when the crate is built for x86-64-v3, see `.cargo/config.toml`). Norms, RoPE, the gated activation and residual adds
 //! are short loops over row-major f32 slices, parallel over rows for batches and chunks
-//! (`for_row_chunks`); paged attention is parallel over (row, head), with rayon. The cache
+//! (`for_row_chunks`); paged attention is parallel over (row, head). Every parallel section
+//! runs on the backend's worker threads ([`super::pool`]). The cache
 //! keeps each block's keys dimension-major (per kv head `[dim][slot]`) so that the scores
 //! are computed a vector lane per key ([`super::key_scores`]); values stay row-major, as
 //! the weighted sum reads a key's whole head at once.
@@ -48,13 +49,13 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use rayon::prelude::*;
 
 use super::bf16_attention;
 use super::expf;
 use super::key_scores::{self, KeyLanes, ScoreOrder};
 use super::online_attention;
 use super::packed::{self, Packed};
+use super::pool;
 use super::{AttentionHeads, Backend, ForwardBatch, KvDtype, KvShape, RopeLayout, RopeTable};
 
 /// Row-major f32 activations.
@@ -627,8 +628,8 @@ pub const CANDLE_SPIN_LIMIT: &str = "100";
 /// candle multiplies the formats and shapes the packed kernels do not take (until the eighth
 /// session's [`super::packed_k`], Q4_K and Q6_K: the down projections of Qwen2.5's Q4_K_M
 /// file) on its own pool, whose workers spin for about half
-/// a millisecond after each product. Everything between those products runs on rayon's
-/// threads, so on a 2-core machine the spinning worker took a core from them: `dspark
+/// a millisecond after each product. Everything between those products runs on the
+/// backend's threads ([`super::pool`]), so on a 2-core machine the spinning worker took a core from them: `dspark
 /// generate` decoded Qwen2.5-0.5B at 33 tokens/s before and 46-48 with this bound
 /// (`docs/benchmarks.md`).
 ///
@@ -657,8 +658,8 @@ fn for_row_chunks(data: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) +
         f(0, data);
         return;
     }
-    let per_chunk = rows.div_ceil(rayon::current_num_threads().max(1) * 2).max(1);
-    data.par_chunks_mut(per_chunk * cols).enumerate().for_each(|(i, chunk)| f(i * per_chunk, chunk));
+    let per_chunk = rows.div_ceil(pool::threads().max(1) * 2).max(1);
+    pool::for_each_chunk_mut(data, per_chunk * cols, |i, chunk| f(i * per_chunk, chunk));
 }
 
 #[derive(Clone, Copy)]
@@ -729,12 +730,13 @@ fn attend<T: KvElement>(
             },
         );
     }
-    let per_item = if q.rows * heads.kv_heads >= 4 * rayon::current_num_threads() { group } else { 1 };
+    let per_item = if q.rows * heads.kv_heads >= 4 * pool::threads() { group } else { 1 };
     let items_per_row = heads.heads / per_item;
     let mut out = vec![0f32; q.rows * q.cols];
-    out.par_chunks_mut(head_dim * per_item).enumerate().for_each_init(
-        || (vec![Vec::<f32>::new(); per_item], Vec::<usize>::new(), vec![0f32; head_dim]),
-        |(scores, offsets, buffer), (index, out)| {
+    pool::for_each_chunk_mut(&mut out, head_dim * per_item, |index, out| {
+        SCRATCH.with_borrow_mut(|(scores, offsets, buffer)| {
+            scores.resize_with(per_item, Vec::new);
+            buffer.resize(head_dim, 0.0);
             let (row, first_head) = (index / items_per_row, (index % items_per_row) * per_item);
             let kv_head = first_head / group;
             let seq = &batch.seqs[row_seq[row]];
@@ -791,9 +793,19 @@ fn attend<T: KvElement>(
                     }
                 }
             }
-        },
-    );
+        })
+    });
     out
+}
+
+/// [`attend`]'s scratch for one work item: scores per head, value offsets, a widened value.
+type AttendScratch = (Vec<Vec<f32>>, Vec<usize>, Vec<f32>);
+
+thread_local! {
+    /// [`attend`]'s scratch on each thread, kept from item to item.
+    static SCRATCH: std::cell::RefCell<AttendScratch> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new()))
+    };
 }
 
 /// At most this many rows of one sequence share an attention work item: their queries and
@@ -843,7 +855,7 @@ fn attend_one_pass<E: Sync>(
     // and key at 1,024 keys: 3 heads 3.8-4.9, 1 head 5.5-8.0 with the keys and values in the
     // cache). A single decoded row cuts its groups into pieces instead ([`group_pieces`]), so
     // every thread has the same work.
-    let threads = rayon::current_num_threads();
+    let threads = pool::threads();
     let pieces = if spans.len() * heads.kv_heads >= 4 * threads {
         1
     } else {
@@ -867,37 +879,32 @@ fn attend_one_pass<E: Sync>(
         (kv_head, kv_head * group + first, per_piece.min(group - first))
     };
     let per_block = head_dim * geometry.block_size;
-    let outputs: Vec<Vec<f32>> = (0..spans.len() * per_span)
-        .into_par_iter()
-        .map_init(
-            || (Vec::<f32>::new(), Vec::<usize>::new(), Vec::<usize>::new()),
-            |(queries, seen, starts), index| {
-                let span = &spans[index / per_span];
-                let (kv_head, first_head, count) = item_heads(index);
-                let seq = &batch.seqs[row_seq[span.start]];
-                queries.clear();
-                seen.clear();
-                for row in span.clone() {
-                    queries.extend_from_slice(&q.data[row * q.cols + first_head * head_dim..][..count * head_dim]);
-                    seen.push(batch.positions[row] as usize + 1);
-                }
-                let blocks = seen[seen.len() - 1].div_ceil(geometry.block_size);
-                starts.clear();
-                starts.extend(
-                    seq.block_table[..blocks]
-                        .iter()
-                        .map(|&block| (block as usize * heads.kv_heads + kv_head) * per_block),
-                );
-                let ahead = |b: usize| {
-                    prefetch(&keys[starts[b]..][..per_block]);
-                    prefetch(&values[starts[b]..][..per_block]);
-                };
-                let mut out = vec![0f32; queries.len()];
-                kernel(queries, starts, seen, scale, &mut out, &ahead);
-                out
-            },
-        )
-        .collect();
+    let mut outputs: Vec<Vec<f32>> = vec![Vec::new(); spans.len() * per_span];
+    pool::for_each_mut(&mut outputs, |index, output| {
+        ONE_PASS_SCRATCH.with_borrow_mut(|(queries, seen, starts)| {
+            let span = &spans[index / per_span];
+            let (kv_head, first_head, count) = item_heads(index);
+            let seq = &batch.seqs[row_seq[span.start]];
+            queries.clear();
+            seen.clear();
+            for row in span.clone() {
+                queries.extend_from_slice(&q.data[row * q.cols + first_head * head_dim..][..count * head_dim]);
+                seen.push(batch.positions[row] as usize + 1);
+            }
+            let blocks = seen[seen.len() - 1].div_ceil(geometry.block_size);
+            starts.clear();
+            starts.extend(
+                seq.block_table[..blocks].iter().map(|&block| (block as usize * heads.kv_heads + kv_head) * per_block),
+            );
+            let ahead = |b: usize| {
+                prefetch(&keys[starts[b]..][..per_block]);
+                prefetch(&values[starts[b]..][..per_block]);
+            };
+            let mut out = vec![0f32; queries.len()];
+            kernel(queries, starts, seen, scale, &mut out, &ahead);
+            *output = out;
+        })
+    });
     let mut out = vec![0f32; q.rows * q.cols];
     for (index, item) in outputs.iter().enumerate() {
         let (_, first_head, count) = item_heads(index);
@@ -906,6 +913,14 @@ fn attend_one_pass<E: Sync>(
         }
     }
     out
+}
+
+thread_local! {
+    /// [`attend_one_pass`]'s scratch on each thread: an item's queries, each row's key count,
+    /// where each block starts.
+    static ONE_PASS_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<usize>, Vec<usize>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new()))
+    };
 }
 
 /// Into how many pieces a single row's attention cuts each kv head's group of query heads:

@@ -17,6 +17,7 @@ pub mod key_scores;
 pub mod online_attention;
 pub mod packed;
 pub mod packed_k;
+pub mod pool;
 
 use candle_core::quantized::QTensor;
 

@@ -292,7 +292,7 @@ impl Packed {
 /// rows of a 1,536-wide product are 48 KB of 8-bit activations.
 const PASS_ROWS: usize = 32;
 
-/// Runs `tile(r0, r1, g)` over every (row tile, column group), spread over rayon's threads by
+/// Runs `tile(r0, r1, g)` over every (row tile, column group), spread over the [`super::pool`]'s threads by
 /// column groups; each call writes only its own outputs. With `wanted`, only the (row, group)
 /// blocks it asks for: a tile is then a run of consecutive wanted rows of one group.
 pub(super) fn for_each_tile(
@@ -303,7 +303,7 @@ pub(super) fn for_each_tile(
     wanted: Option<Selection>,
     tile: impl Fn(usize, usize, usize) + Sync,
 ) {
-    let threads = rayon::current_num_threads().max(1);
+    let threads = super::pool::threads().max(1);
     let per_item = groups.div_ceil(threads * 2).max(1);
     let items: Vec<(usize, usize)> = (0..groups).step_by(per_item).map(|g| (g, (g + per_item).min(groups))).collect();
     let run = |&(g0, g1): &(usize, usize)| match wanted {
@@ -344,8 +344,7 @@ pub(super) fn for_each_tile(
     if items.len() == 1 || work < 1 << 16 {
         items.iter().for_each(run);
     } else {
-        use rayon::prelude::*;
-        items.par_iter().for_each(run);
+        super::pool::for_each(items.len(), |i| run(&items[i]));
     }
 }
 
@@ -1433,13 +1432,10 @@ impl Q8_0Rows {
         };
         let x = &x[..rows * k];
         if rows >= 4 {
-            use rayon::prelude::*;
-            let inputs = x
-                .par_chunks_exact(k)
-                .zip(out.words.par_chunks_exact_mut(k / 4))
-                .zip(out.d.par_chunks_exact_mut(blocks));
-            let sums = out.offset.par_chunks_exact_mut(blocks * 8).zip(out.sums.par_chunks_exact_mut(blocks));
-            inputs.zip(sums).for_each(quantize_row);
+            let inputs = x.chunks_exact(k).zip(out.words.chunks_exact_mut(k / 4)).zip(out.d.chunks_exact_mut(blocks));
+            let sums = out.offset.chunks_exact_mut(blocks * 8).zip(out.sums.chunks_exact_mut(blocks));
+            let mut parts: Vec<Option<Q8_0RowParts>> = inputs.zip(sums).map(Some).collect();
+            super::pool::for_each_mut(&mut parts, |_, part| part.take().into_iter().for_each(quantize_row));
         } else {
             let inputs = x.chunks_exact(k).zip(out.words.chunks_exact_mut(k / 4)).zip(out.d.chunks_exact_mut(blocks));
             let sums = out.offset.chunks_exact_mut(blocks * 8).zip(out.sums.chunks_exact_mut(blocks));
@@ -1481,10 +1477,10 @@ impl Q8_1Rows {
         }
         // Rows are independent; a batch's rows are quantised in parallel (the same values).
         if rows >= 4 {
-            use rayon::prelude::*;
-            let inputs = x.par_chunks_exact(k).zip(out.words.par_chunks_exact_mut(k / 4));
-            let scales = out.d.par_chunks_exact_mut(blocks).zip(out.s.par_chunks_exact_mut(blocks));
-            inputs.zip(scales).for_each(quantize_row);
+            let inputs = x.chunks_exact(k).zip(out.words.chunks_exact_mut(k / 4));
+            let scales = out.d.chunks_exact_mut(blocks).zip(out.s.chunks_exact_mut(blocks));
+            let mut parts: Vec<Option<RowParts>> = inputs.zip(scales).map(Some).collect();
+            super::pool::for_each_mut(&mut parts, |_, part| part.take().into_iter().for_each(quantize_row));
         } else {
             let inputs = x.chunks_exact(k).zip(out.words.chunks_exact_mut(k / 4));
             let scales = out.d.chunks_exact_mut(blocks).zip(out.s.chunks_exact_mut(blocks));

@@ -1,12 +1,12 @@
-//! Q4_K and Q6_K products on rayon's threads, several rows per weight read, with candle's
+//! Q4_K and Q6_K products on the backend's threads ([`super::pool`]), several rows per weight read, with candle's
 //! results bit for bit.
 //!
 //! candle-core 0.11.1 multiplies these formats on x86-64 through its repacked tiles (16 output
 //! columns per 256-value superblock, the activations quantised to Q8_K) from two rows on, and
 //! Q4_K from one row on. It runs them on its own barrier pool, four rows per weight read, and
-//! a call made from the engine's rayon threads waits for candle's worker to wake (on
+//! a call made from the engine's threads waits for candle's worker to wake (on
 //! Qwen2.5-0.5B the down projections, about a fifth of a serving step, of which the wait
-//! was 8% of the samples). These kernels compute the same numbers on rayon's threads:
+//! was 8% of the samples). These kernels compute the same numbers on the backend's own threads:
 //! - activations are quantised as candle's `BlockQ8K::from_float` does ([`Q8KRows`]);
 //! - the integer sums of 4 weights times 4 activations are exact, so their order is free;
 //! - the float steps are candle's, lane by lane, in candle's order: per superblock and
@@ -570,9 +570,11 @@ impl Q8KRows {
         let parts =
             x.chunks_exact(QK_K).zip(words.chunks_exact_mut(QK_K / 4)).zip(d.iter_mut().zip(sums.chunks_exact_mut(16)));
         if rows > 1 {
-            use rayon::prelude::*;
-            let parts: Vec<_> = parts.collect();
-            parts.into_par_iter().with_min_len(8).for_each(quantize_block);
+            // Runs of 8 superblocks: one is too little work to hand out alone.
+            let mut parts: Vec<Option<BlockParts>> = parts.map(Some).collect();
+            super::pool::for_each_chunk_mut(&mut parts, 8, |_, run| {
+                run.iter_mut().filter_map(Option::take).for_each(quantize_block);
+            });
         } else {
             parts.for_each(quantize_block);
         }

@@ -125,10 +125,7 @@ impl<B: Backend> Model<B> {
     /// Runs one forward pass: writes the batch's K/V to `cache` and returns the logits of the
     /// requested rows, row-major `[batch.logits_rows.len(), vocab_size]`.
     pub fn forward(&self, batch: &ForwardBatch, cache: &mut B::KvCache) -> anyhow::Result<Vec<f32>> {
-        // Run the pass on a worker of the thread pool, so that its parallel sections are
-        // forked from a worker (work stealing between spinning threads) and not injected from
-        // outside the pool (a futex wake-up and sleep per section).
-        rayon::scope(|_| self.decoder.forward(batch, cache))
+        self.decoder.forward(batch, cache)
     }
 
     /// [`Self::forward`] whose output projection first waits for `masks`: called once the
@@ -143,11 +140,9 @@ impl<B: Backend> Model<B> {
         cache: &mut B::KvCache,
         masks: impl FnOnce() -> (T, Vec<Option<Arc<[u32]>>>) + Send,
     ) -> (anyhow::Result<Vec<f32>>, T) {
-        rayon::scope(|_| {
-            let hidden = self.decoder.forward_hidden(batch, cache);
-            let (value, masks) = masks();
-            let masks: Vec<Option<&[u32]>> = masks.iter().map(Option::as_deref).collect();
-            (hidden.and_then(|h| self.decoder.logits(&h, &masks)), value)
-        })
+        let hidden = self.decoder.forward_hidden(batch, cache);
+        let (value, masks) = masks();
+        let masks: Vec<Option<&[u32]>> = masks.iter().map(Option::as_deref).collect();
+        (hidden.and_then(|h| self.decoder.logits(&h, &masks)), value)
     }
 }
