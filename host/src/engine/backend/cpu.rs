@@ -612,6 +612,10 @@ impl Backend for CpuBackend {
     fn to_host(&self, x: &CpuTensor) -> anyhow::Result<Vec<f32>> {
         Ok(x.data.clone())
     }
+
+    fn into_host(&self, x: CpuTensor) -> anyhow::Result<Vec<f32>> {
+        Ok(x.data)
+    }
 }
 
 /// The environment variable that bounds how long candle's worker threads spin for the next
