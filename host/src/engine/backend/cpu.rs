@@ -613,7 +613,7 @@ impl Backend for CpuBackend {
         Ok(x.data.clone())
     }
 
-    fn into_host(&self, x: CpuTensor) -> anyhow::Result<Vec<f32>> {
+    fn move_to_host(&self, x: CpuTensor) -> anyhow::Result<Vec<f32>> {
         Ok(x.data)
     }
 }

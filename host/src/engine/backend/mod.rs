@@ -318,7 +318,7 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Self::to_host`] of a tensor no longer needed: a backend whose tensors live in host
     /// memory hands its values over instead of copying them (the logits of a pass: 196 KB a
     /// row for a 49k vocabulary). The default copies.
-    fn into_host(&self, x: Self::Tensor) -> anyhow::Result<Vec<f32>> {
+    fn move_to_host(&self, x: Self::Tensor) -> anyhow::Result<Vec<f32>> {
         self.to_host(&x)
     }
 }

@@ -158,7 +158,7 @@ impl<B: Backend> Llama<B> {
         let b = &self.backend;
         let output = self.output.as_ref().unwrap_or(&self.embedding);
         let logits = b.linear_masked(hidden, output, masks)?;
-        b.into_host(logits)
+        b.move_to_host(logits)
     }
 
     /// A forward pass up to the output projection: writes the batch's K/V and returns the
