@@ -633,7 +633,8 @@ pub const CANDLE_SPIN_LIMIT: &str = "100";
 /// session's [`super::packed_k`], Q4_K and Q6_K: the down projections of Qwen2.5's Q4_K_M
 /// file) on its own pool, whose workers spin for about half
 /// a millisecond after each product. Everything between those products runs on the
-/// backend's threads ([`super::pool`]), so on a 2-core machine the spinning worker took a core from them: `dspark
+/// backend's threads ([`super::pool`]), so on a 2-core machine the spinning worker took a
+/// core from them: `dspark
 /// generate` decoded Qwen2.5-0.5B at 33 tokens/s before and 46-48 with this bound
 /// (`docs/benchmarks.md`).
 ///

@@ -292,9 +292,10 @@ impl Packed {
 /// rows of a 1,536-wide product are 48 KB of 8-bit activations.
 const PASS_ROWS: usize = 32;
 
-/// Runs `tile(r0, r1, g)` over every (row tile, column group), spread over the [`super::pool`]'s threads by
-/// column groups; each call writes only its own outputs. With `wanted`, only the (row, group)
-/// blocks it asks for: a tile is then a run of consecutive wanted rows of one group.
+/// Runs `tile(r0, r1, g)` over every (row tile, column group), spread over the backend's
+/// threads ([`super::pool`]) by column groups; each call writes only its own outputs. With
+/// `wanted`, only the (row, group) blocks it asks for: a tile is then a run of consecutive
+/// wanted rows of one group.
 pub(super) fn for_each_tile(
     rows: usize,
     groups: usize,

@@ -1,5 +1,5 @@
-//! Q4_K and Q6_K products on the backend's threads ([`super::pool`]), several rows per weight read, with candle's
-//! results bit for bit.
+//! Q4_K and Q6_K products on the backend's threads ([`super::pool`]), several rows per weight
+//! read, with candle's results bit for bit.
 //!
 //! candle-core 0.11.1 multiplies these formats on x86-64 through its repacked tiles (16 output
 //! columns per 256-value superblock, the activations quantised to Q8_K) from two rows on, and

@@ -185,12 +185,15 @@ pub fn for_each(items: usize, f: impl Fn(usize) + Sync) {
         return;
     }
     let pool = pool();
-    let owner = match pool.shared.owner.try_lock() {
-        _ if items == 1 || pool.threads == 1 => None,
-        Ok(owner) => Some(owner),
-        // Nothing a section does leaves the pool inconsistent when it panics.
-        Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
+    let owner = if items == 1 || pool.threads == 1 {
+        None
+    } else {
+        match pool.shared.owner.try_lock() {
+            Ok(owner) => Some(owner),
+            // Nothing a section does leaves the pool inconsistent when it panics.
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     };
     let Some(mut owner) = owner else {
         (0..items).for_each(f);
