@@ -26,6 +26,9 @@
 //! ```text
 //! Q4_1 (candle's scalar loop), for every block b:
 //!     sum = sum + ((sumi_b as f32 * d_x) * d_y + m_x * s_y)        no fused multiply-add
+//!     (computed as sum + fma(m_x, s_y, (sumi_b as f32 * d_x) * d_y): the same value, since
+//!     m_x and s_y are f16 values, whose 11-bit significands multiply to at most 22 bits, so
+//!     m_x * s_y is exact in f32 and the fused add rounds once, as candle's add does)
 //! Q5_0 (candle's scalar loop), for every block b:
 //!     sum = sum + (sumi_b as f32 * d_x) * d_y
 //! Q8_0 (candle's AVX2 loop), 8 partial sums per output, lane l over bytes 4l..4l+4:
@@ -565,8 +568,8 @@ impl PackedQ4_1 {
                 for (t, (a, sum)) in acc.iter_mut().zip(sums).enumerate() {
                     let at = t * y.blocks + b;
                     let p = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), dx), _mm512_set1_ps(*yd.add(at)));
-                    let q = _mm512_mul_ps(mx, _mm512_set1_ps(*ys.add(at)));
-                    *a = _mm512_add_ps(*a, _mm512_add_ps(p, q));
+                    // `p + m_x * s_y` in one rounding: the product is exact (module docs).
+                    *a = _mm512_add_ps(*a, _mm512_fmadd_ps(mx, _mm512_set1_ps(*ys.add(at)), p));
                 }
             }
             for (t, a) in acc.iter().enumerate() {
@@ -656,8 +659,8 @@ impl PackedQ4_1 {
                                 _mm256_mul_ps(_mm256_cvtepi32_ps(sum[h]), dx),
                                 _mm256_set1_ps(*yd.add(at)),
                             );
-                            let q = _mm256_mul_ps(mx, _mm256_set1_ps(*ys.add(at)));
-                            a[h] = _mm256_add_ps(a[h], _mm256_add_ps(p, q));
+                            // `p + m_x * s_y` in one rounding (exact product, module docs).
+                            a[h] = _mm256_add_ps(a[h], _mm256_fmadd_ps(mx, _mm256_set1_ps(*ys.add(at)), p));
                         }
                     }
                 }
