@@ -1,16 +1,23 @@
-//! Attention over a bf16 KV cache in one pass, with the CPU's bf16 pair dot products
-//! (`vdpbf16ps`, AVX-512 BF16) for both the scores and the weighted sum of values.
+//! Attention over a bf16 KV cache in one pass: the keys and values widened to f32 (exact: a
+//! bf16 is the top half of an f32) and multiplied with f32 fused multiply-adds.
 //!
-//! Why bf16: attention over an f16 cache ([`super::online_attention`]) is bound by its f32
-//! fused multiply-adds (16 per head and key, about a quarter of a serving step at
-//! concurrency 8). `vdpbf16ps` does two multiply-adds per f32 lane, straight from bf16
-//! inputs, so the same work is 4 instructions per head and key and no conversions. bf16 is
-//! also what SmolLM2, Qwen2.5 and most current models are trained and shipped in, and what
-//! GPU servers (vLLM, SGLang) keep their caches and run their attention matmuls in; it has
-//! f32's range (no overflow of large activations) and 8 bits of mantissa against f16's 11.
+//! Why bf16: it halves the cache against f32, and widening it back is exact and costs one
+//! shift or one mask per 16 values, done once per run of 16 keys for every row and head that
+//! reads the run. bf16 is also what SmolLM2, Qwen2.5 and most current models are trained and
+//! shipped in, and what GPU servers (vLLM, SGLang) keep their caches and run their attention
+//! matmuls in; it has f32's range (no overflow of large activations) and 8 bits of mantissa
+//! against f16's 11.
+//!
+//! Why not `vdpbf16ps` (two bf16 products per f32 lane, what this kernel used until the
+//! twentieth session): on the Sapphire Rapids Xeon of these benchmarks it retires one every
+//! two cycles (an ad-hoc loop of 12 independent chains: 1.56 per ns per core, against 6.4 per
+//! ns for `vpdpbusd`), so its 32 products per two cycles are half of what two f32 FMAs per
+//! cycle give. With the widening shared by the rows of a chunk, a 16-row chunk at 480
+//! positions ran about 7% faster (`docs/benchmarks.md`).
 //!
 //! Layout. Each (block, kv head) holds `block_size * head_dim` bf16 values (as `u16` bits),
-//! in pairs the instruction multiplies together:
+//! in the pairs `vdpbf16ps` takes (what the kernel used before; a 64-byte load now widens
+//! into the even and the odd elements, two f32 vectors):
 //! - keys by element pairs: elements `2p` and `2p + 1` of slot `j` at `p * 2 * block_size +
 //!   2 * j` and the next one ([`key_index`]), so a 64-byte vector holds pair `p` of 16
 //!   consecutive slots, one slot per f32 lane;
@@ -20,9 +27,8 @@
 //! Numerics, a fixed function of the row (the same whatever batch, chunk or step the row
 //! comes in); the vector kernel computes exactly [`reference_head`]. `bf16(x)` is
 //! [`to_bf16`] (round to nearest even, zero and subnormals to signed zero, as
-//! `vcvtneps2bf16`), `dot2(c, a, b) = ftz(fma(a0, b0, ftz(fma(a1, b1, c))))` with `ftz`
-//! flushing a subnormal result to signed zero ([`dot2`], what `vdpbf16ps` does per lane: odd
-//! element first, subnormal inputs and outputs flushed):
+//! `vcvtneps2bf16`), `dot2(c, a, b) = fma(a0, b0, fma(a1, b1, c))` ([`dot2`]: the odd
+//! element first, as `vdpbf16ps` orders a pair):
 //!
 //! ```text
 //! q = bf16(query), m = -inf, l = 0, acc = 0
@@ -120,16 +126,10 @@ pub fn value_index(e: usize, slot: usize, head_dim: usize) -> usize {
     (slot / 2) * 2 * head_dim + 2 * e + slot % 2
 }
 
-/// A subnormal `x` as zero of its sign, anything else unchanged.
-fn ftz(x: f32) -> f32 {
-    if x.is_subnormal() { 0f32.copysign(x) } else { x }
-}
-
-/// One lane of `vdpbf16ps`: `c + a1 b1 + a0 b0`, the odd pair's product first, each step a
-/// fused multiply-add whose subnormal result is flushed (the inputs are bf16, never
-/// subnormal after [`to_bf16`]).
+/// `c + a1 b1 + a0 b0` for a pair of bf16 elements: two fused multiply-adds, the odd
+/// element's first (the order `vdpbf16ps` uses; unlike it, subnormal results are kept).
 pub fn dot2(c: f32, a: [f32; 2], b: [f32; 2]) -> f32 {
-    ftz(a[0].mul_add(b[0], ftz(a[1].mul_add(b[1], c))))
+    a[0].mul_add(b[0], a[1].mul_add(b[1], c))
 }
 
 /// The specification of one head's output ([module docs](self)): `n` keys, `key(j, e)` and
@@ -284,12 +284,12 @@ struct Running {
     max: [f32; 3],
     total: [f32; 3],
     acc: [f32; 64 * 3],
-    /// Query pair `p` of head `h` at `32 h + p`: two bf16 in one 32-bit word, as broadcast.
-    query: [u32; 32 * 3],
+    /// Element `e` of head `h`'s query at `64 h + e`, rounded to bf16 (held as f32).
+    query: [f32; 64 * 3],
 }
 
 impl Running {
-    const START: Self = Self { max: [f32::NEG_INFINITY; 3], total: [0.0; 3], acc: [0.0; 64 * 3], query: [0; 32 * 3] };
+    const START: Self = Self { max: [f32::NEG_INFINITY; 3], total: [0.0; 3], acc: [0.0; 64 * 3], query: [0.0; 64 * 3] };
 }
 
 /// [`heads_avx512`] for one head count.
@@ -309,12 +309,15 @@ type Kernel = unsafe fn(
 );
 
 /// [`attend`]'s kernel for `H` heads of 64 in each of `seen.len()` rows (row `r`'s queries at
-/// `r * row_len` in `queries`, its outputs there in `out`). Per run of 16 keys and row: the
-/// scores of every head in four chains of one vector each (12 accumulators for 3 heads, one
-/// `vdpbf16ps` per element pair and head), the softmax step in registers, then the weighted
-/// sum: per pair of keys 4 value vectors shared by the heads, one `vdpbf16ps` per vector and
-/// head into the row's 12 accumulators. A run's keys and values are read from memory once for
-/// all the rows, from L1 after the first. `running` is scratch, one [`Running`] per row.
+/// `r * row_len` in `queries`, its outputs there in `out`). Per run of 16 keys: the run's keys
+/// and values widened to f32 (a bf16 is the top half of an f32: a shift or a mask per 16
+/// values), once into 8 KB of scratch in L1 where several rows use them, in registers as
+/// used where one row does ([`run_step`]); then per row the scores of every head in four chains of
+/// one vector each (12 accumulators for 3 heads, two fused multiply-adds per element pair and
+/// head), the softmax step in registers, and the weighted sum: per key 4 value vectors shared
+/// by the heads, one multiply-add per vector and head into the row's 12 accumulators. A
+/// run's keys and values are read from the cache once for all the rows. `running` is scratch,
+/// one [`Running`] per row.
 ///
 /// # Safety
 /// The CPU has AVX-512 F and BF16, AVX2 and FMA; `block_size` is a multiple of 16; every
@@ -345,16 +348,20 @@ unsafe fn heads_avx512<const H: usize>(
     running.clear();
     running.resize(rows, Running::START);
     let scale = _mm512_set1_ps(scale);
+    // The run's keys, element-major (`[e][slot]`: element `e` of the 16 keys in one vector),
+    // and values, slot-major (`[slot][e]`), as f32.
+    let mut run_keys = [_mm512_setzero_ps(); K];
+    let mut run_values = [[_mm512_setzero_ps(); K / 16]; RUN];
     // SAFETY: the caller's promise for the features, the keys, the values and the sizes;
-    // `acc` holds 64 elements per head, `query` 32 pairs per head; `w` 8 pairs per head.
+    // `acc` and `query` hold 64 elements per head, `w` 16 weights per head.
     unsafe {
         for (row, state) in running.iter_mut().enumerate() {
             for h in 0..H {
-                for half in 0..2 {
-                    // Elements 32 half .. 32 half + 32 of the head: 16 pairs.
-                    let q = queries.as_ptr().add(row * row_len + h * K + 32 * half);
-                    let pairs = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q.add(16)), _mm512_loadu_ps(q));
-                    _mm512_storeu_si512(state.query.as_mut_ptr().add(32 * h + 16 * half).cast(), pairs_bits(pairs));
+                for v in 0..K / 16 {
+                    let q = _mm512_loadu_ps(queries.as_ptr().add(row * row_len + h * K + 16 * v));
+                    let rounded = half_bits(_mm512_cvtneps_pbh(q));
+                    let back = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(rounded));
+                    _mm512_storeu_ps(state.query.as_mut_ptr().add(h * K + 16 * v), _mm512_castsi512_ps(back));
                 }
             }
         }
@@ -370,79 +377,43 @@ unsafe fn heads_avx512<const H: usize>(
                 while seen[first_row] <= done {
                     first_row += 1;
                 }
-                // Pair p of the run's 16 slots: 16 words at `start + p * 2 * block_size + 2 * first`.
+                let run_len = RUN.min(n - done);
+                // Pair p of the run's 16 slots: 16 words at `start + p * 2 * block_size + 2 * first`,
+                // element 2p in the low half of each, 2p + 1 in the high half.
                 let key_base = keys.as_ptr().add(start + 2 * first);
-                // The run's slot pairs: 2 * 64 bf16 each, from `start + first * 64`.
+                // The run's slot pairs: 2 * 64 bf16 each, from `start + first * 64`; vector v
+                // of a pair holds elements 16v..16v + 16 of both slots, the even slot low.
                 let value_base = values.as_ptr().add(start + first * K);
-                for (row, state) in running.iter_mut().enumerate().skip(first_row) {
-                    let take = RUN.min(seen[row] - done);
-                    let mut dots = [[_mm512_setzero_ps(); 4]; H];
-                    for p4 in (0..K / 2).step_by(4) {
-                        for chain in 0..4 {
-                            let p = p4 + chain;
-                            let x = bf16_pairs(_mm512_loadu_si512(key_base.add(p * 2 * block_size).cast()));
-                            for (h, dots) in dots.iter_mut().enumerate() {
-                                let qp = _mm512_set1_epi32(*state.query.get_unchecked(32 * h + p) as i32);
-                                dots[chain] = _mm512_dpbf16_ps(dots[chain], x, bf16_pairs(qp));
-                            }
+                let key_pair = |p: usize| widen(_mm512_loadu_si512(key_base.add(p * 2 * block_size).cast()));
+                let value_pair =
+                    |pair: usize, v: usize| widen(_mm512_loadu_si512(value_base.add(pair * 2 * K + 32 * v).cast()));
+                let active = &mut running[first_row..];
+                if let [state] = active {
+                    // One row: widened in registers as used.
+                    run_step::<H>(state, RUN.min(seen[rows - 1] - done), scale, key_pair, value_pair);
+                } else {
+                    // Several rows: widened once into L1 for all of them.
+                    for p in 0..K / 2 {
+                        (run_keys[2 * p], run_keys[2 * p + 1]) = key_pair(p);
+                    }
+                    let (slot_pairs, _) = run_values.as_chunks_mut::<2>();
+                    for (pair, [even, odd]) in slot_pairs.iter_mut().enumerate().take(run_len.div_ceil(2)) {
+                        for (v, (even, odd)) in even.iter_mut().zip(odd.iter_mut()).enumerate() {
+                            (*even, *odd) = value_pair(pair, v);
                         }
                     }
-                    // The softmax step: keys past `take` score -inf, so weigh 0.
-                    let keep: __mmask16 = if take == RUN { 0xFFFF } else { (1u16 << take) - 1 };
-                    let mut w = [[0u32; RUN / 2]; H];
-                    let mut alpha = [1f32; H];
-                    for h in 0..H {
-                        let [c0, c1, c2, c3] = dots[h];
-                        let s = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)), scale);
-                        let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep, s);
-                        let run_max = _mm512_reduce_max_ps(s);
-                        if run_max > state.max[h] {
-                            alpha[h] = exp(state.max[h] - run_max);
-                            state.max[h] = run_max;
-                        }
-                        let weights = exp16(_mm512_sub_ps(s, _mm512_set1_ps(state.max[h])));
-                        let rounded = _mm512_cvtneps_pbh(weights);
-                        _mm256_storeu_si256(w[h].as_mut_ptr().cast(), half_bits(rounded));
-                        // The weights as rounded, back in f32 (exact), summed in the spec's order.
-                        let back =
-                            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(half_bits(rounded))));
-                        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(back)));
-                        let v = _mm256_add_ps(_mm512_castps512_ps256(back), high);
-                        state.total[h] = state.total[h] * alpha[h] + horizontal_sum(v);
-                    }
-                    // The weighted sum: all 64 elements of every head, a pair of keys at a time.
-                    let rescale = alpha.iter().any(|&a| a != 1.0);
-                    let acc = state.acc.as_mut_ptr();
-                    let mut sums: [[__m512; 4]; H] = std::array::from_fn(|h| {
-                        std::array::from_fn(|v| {
-                            let a = _mm512_loadu_ps(acc.add(h * K + 16 * v));
-                            // Multiplying by 1 changes nothing: skipped.
-                            if rescale { _mm512_mul_ps(a, _mm512_set1_ps(alpha[h])) } else { a }
-                        })
-                    });
-                    for pair in 0..take.div_ceil(2) {
-                        let at = value_base.add(pair * 2 * K);
-                        let mut x: [__m512i; 4] = std::array::from_fn(|v| _mm512_loadu_si512(at.add(32 * v).cast()));
-                        if 2 * pair + 1 == take {
-                            // The pair's second key is past `take`: its values count 0.
-                            for x in x.iter_mut() {
-                                *x = _mm512_and_si512(*x, _mm512_set1_epi32(0xFFFF));
-                            }
-                        }
-                        for (h, sums) in sums.iter_mut().enumerate() {
-                            let wp = _mm512_set1_epi32(*w[h].get_unchecked(pair) as i32);
-                            for (sum, x) in sums.iter_mut().zip(x) {
-                                *sum = _mm512_dpbf16_ps(*sum, bf16_pairs(x), bf16_pairs(wp));
-                            }
-                        }
-                    }
-                    for (h, sums) in sums.iter().enumerate() {
-                        for (v, sum) in sums.iter().enumerate() {
-                            _mm512_storeu_ps(acc.add(h * K + 16 * v), *sum);
-                        }
+                    for (offset, state) in active.iter_mut().enumerate() {
+                        let take = RUN.min(seen[first_row + offset] - done);
+                        run_step::<H>(
+                            state,
+                            take,
+                            scale,
+                            |p| (run_keys[2 * p], run_keys[2 * p + 1]),
+                            |pair, v| (run_values[2 * pair][v], run_values[2 * pair + 1][v]),
+                        );
                     }
                 }
-                done += RUN.min(n - done);
+                done += run_len;
                 first += RUN;
             }
         }
@@ -458,12 +429,107 @@ unsafe fn heads_avx512<const H: usize>(
     }
 }
 
-/// 32 bf16 as the integer vector of their bits.
+/// The even and odd elements of 16 bf16 pairs (the even one in each word's low half) as
+/// two f32 vectors: a bf16 is the top half of an f32.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn pairs_bits(x: std::arch::x86_64::__m512bh) -> std::arch::x86_64::__m512i {
-    // SAFETY: two 512-bit vector types of the same size; any bits are valid for both.
-    unsafe { std::mem::transmute(x) }
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn widen(x: std::arch::x86_64::__m512i) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
+    use std::arch::x86_64::*;
+    let even = _mm512_slli_epi32::<16>(x);
+    let odd = _mm512_and_si512(x, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+    (_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd))
+}
+
+/// One row's step of [`heads_avx512`] over a run of 16 keys of which it sees `take`:
+/// `key_pair(p)` gives elements 2p and 2p + 1 of the run's 16 keys (a lane per key),
+/// `value_pair(pair, v)` elements 16v..16v + 16 of the values of keys 2 pair and 2 pair + 1.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BF16, AVX2 and FMA; `H <= 3`; `0 < take <= 16`; the closures
+/// read only what exists for `p < 32`, `pair < take.div_ceil(2)`, `v < 4`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512vl,avx2,fma")]
+#[inline]
+unsafe fn run_step<const H: usize>(
+    state: &mut Running,
+    take: usize,
+    scale: std::arch::x86_64::__m512,
+    key_pair: impl Fn(usize) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512),
+    value_pair: impl Fn(usize, usize) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512),
+) {
+    use std::arch::x86_64::*;
+    const K: usize = 64;
+    const NO_VALUES: __m512 = unsafe { std::mem::zeroed() };
+    // SAFETY: `query` and `acc` hold 64 elements per head, `w` 16 weights per head; the
+    // closures' reads are the caller's promise.
+    unsafe {
+        let mut dots = [[_mm512_setzero_ps(); 4]; H];
+        for p4 in (0..K / 2).step_by(4) {
+            for chain in 0..4 {
+                let p = p4 + chain;
+                let (even, odd) = key_pair(p);
+                for (h, dots) in dots.iter_mut().enumerate() {
+                    let q = state.query.as_ptr().add(h * K + 2 * p);
+                    let c = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(1)), odd, dots[chain]);
+                    dots[chain] = _mm512_fmadd_ps(_mm512_set1_ps(*q), even, c);
+                }
+            }
+        }
+        // The softmax step: keys past `take` score -inf, so weigh 0.
+        let keep: __mmask16 = if take == RUN { 0xFFFF } else { (1u16 << take) - 1 };
+        let mut w = [[0f32; RUN]; H];
+        let mut alpha = [1f32; H];
+        for h in 0..H {
+            let [c0, c1, c2, c3] = dots[h];
+            let s = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)), scale);
+            let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep, s);
+            let run_max = _mm512_reduce_max_ps(s);
+            if run_max > state.max[h] {
+                alpha[h] = exp(state.max[h] - run_max);
+                state.max[h] = run_max;
+            }
+            let weights = exp16(_mm512_sub_ps(s, _mm512_set1_ps(state.max[h])));
+            // The weights rounded to bf16, back in f32 (exact), summed in the spec's order.
+            let rounded = half_bits(_mm512_cvtneps_pbh(weights));
+            let back = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(rounded)));
+            _mm512_storeu_ps(w[h].as_mut_ptr(), back);
+            let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(back)));
+            let v = _mm256_add_ps(_mm512_castps512_ps256(back), high);
+            state.total[h] = state.total[h] * alpha[h] + horizontal_sum(v);
+        }
+        // The weighted sum: all 64 elements of every head, a pair of keys at a time, the odd
+        // key first.
+        let rescale = alpha.iter().any(|&a| a != 1.0);
+        let acc = state.acc.as_mut_ptr();
+        let mut sums: [[__m512; 4]; H] = std::array::from_fn(|h| {
+            std::array::from_fn(|v| {
+                let a = _mm512_loadu_ps(acc.add(h * K + 16 * v));
+                // Multiplying by 1 changes nothing: skipped.
+                if rescale { _mm512_mul_ps(a, _mm512_set1_ps(alpha[h])) } else { a }
+            })
+        });
+        for pair in 0..take.div_ceil(2) {
+            // A key past this row's last counts 0 (its slot may hold stale values).
+            let last = 2 * pair + 1 == take;
+            let values: [(__m512, __m512); 4] = std::array::from_fn(|v| {
+                let (even, odd) = value_pair(pair, v);
+                (even, if last { NO_VALUES } else { odd })
+            });
+            for (h, sums) in sums.iter_mut().enumerate() {
+                let (w_even, w_odd) = (_mm512_set1_ps(w[h][2 * pair]), _mm512_set1_ps(w[h][2 * pair + 1]));
+                for (sum, (even, odd)) in sums.iter_mut().zip(values) {
+                    let c = _mm512_fmadd_ps(w_odd, odd, *sum);
+                    *sum = _mm512_fmadd_ps(w_even, even, c);
+                }
+            }
+        }
+        for (h, sums) in sums.iter().enumerate() {
+            for (v, sum) in sums.iter().enumerate() {
+                _mm512_storeu_ps(acc.add(h * K + 16 * v), *sum);
+            }
+        }
+    }
 }
 
 /// 16 bf16 as the integer vector of their bits.
@@ -471,14 +537,6 @@ fn pairs_bits(x: std::arch::x86_64::__m512bh) -> std::arch::x86_64::__m512i {
 #[inline(always)]
 fn half_bits(x: std::arch::x86_64::__m256bh) -> std::arch::x86_64::__m256i {
     // SAFETY: two 256-bit vector types of the same size; any bits are valid for both.
-    unsafe { std::mem::transmute(x) }
-}
-
-/// An integer vector's bits as 32 bf16.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn bf16_pairs(x: std::arch::x86_64::__m512i) -> std::arch::x86_64::__m512bh {
-    // SAFETY: two 512-bit vector types of the same size; any bits are valid for both.
     unsafe { std::mem::transmute(x) }
 }
 
@@ -519,11 +577,11 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
-    /// The edge values of the conversion, and where the CPU has the instructions, the scalar
-    /// conversion and `dot2` are exactly `vcvtne2ps2bf16` and `vdpbf16ps`, subnormal results
-    /// included.
+    /// The edge values of the conversion, and where the CPU has the instruction, the scalar
+    /// conversion is exactly `vcvtne2ps2bf16`; `dot2` is two fused multiply-adds, the odd
+    /// element first, subnormal results kept.
     #[test]
-    fn the_conversion_and_the_pair_product_are_the_instructions() {
+    fn the_conversion_is_the_instruction_and_dot2_its_two_steps() {
         assert_eq!(to_bf16(1.0), 0x3F80);
         assert_eq!(to_bf16(-2.0), 0xC000);
         // Ties to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
@@ -535,6 +593,14 @@ mod tests {
         assert_eq!(to_bf16(f32::MAX), 0x7F80);
         assert!(from_bf16(to_bf16(f32::NAN)).is_nan());
         assert_eq!(dot2(1.0, [2.0, 3.0], [4.0, 5.0]), 24.0);
+        // Odd first: 1 + 2^-24 rounds to 1 before the even product cancels the 1 (even first
+        // would give 2^-24), and the other way round the 1 cancels first.
+        let tiny = 2f32.powi(-24);
+        assert_eq!(dot2(1.0, [-1.0, tiny], [1.0, 1.0]), 0.0);
+        assert_eq!(dot2(1.0, [tiny, -1.0], [1.0, 1.0]), tiny);
+        // A subnormal result stays.
+        let sub = dot2(0.0, [f32::MIN_POSITIVE, 0.0], [0.5, 0.0]);
+        assert!(sub.is_subnormal(), "{sub}");
         let mut edges = values(1000, 4);
         edges.iter_mut().enumerate().for_each(|(i, x)| *x *= [1.0, 1e-39, 3e38, 1e-5][i % 4]);
         edges.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE, 1.0 + 1.0 / 256.0]);
@@ -552,33 +618,16 @@ mod tests {
                 xs.push(0.5);
             }
             for chunk in xs.chunks(32) {
-                let (a, b, c): ([u16; 32], [u16; 32], [f32; 16]);
                 // SAFETY: AVX-512 F and BF16 checked by `accelerated`.
-                unsafe {
+                let a = unsafe {
                     use std::arch::x86_64::*;
-                    a = std::mem::transmute::<__m512bh, [u16; 32]>(_mm512_cvtne2ps_pbh(
+                    std::mem::transmute::<__m512bh, [u16; 32]>(_mm512_cvtne2ps_pbh(
                         _mm512_loadu_ps(chunk.as_ptr().add(16)),
                         _mm512_loadu_ps(chunk.as_ptr()),
-                    ));
-                    let reversed: Vec<f32> = chunk.iter().rev().copied().collect();
-                    b = std::mem::transmute::<__m512bh, [u16; 32]>(_mm512_cvtne2ps_pbh(
-                        _mm512_loadu_ps(reversed.as_ptr().add(16)),
-                        _mm512_loadu_ps(reversed.as_ptr()),
-                    ));
-                    let start: Vec<f32> = chunk[..16].iter().map(|x| x * 1e-3).collect();
-                    c = std::mem::transmute::<__m512, [f32; 16]>(_mm512_dpbf16_ps(
-                        _mm512_loadu_ps(start.as_ptr()),
-                        std::mem::transmute::<[u16; 32], __m512bh>(a),
-                        std::mem::transmute::<[u16; 32], __m512bh>(b),
-                    ));
-                    for i in 0..32 {
-                        assert_eq!(a[i], to_bf16(chunk[i]), "convert {}", chunk[i]);
-                    }
-                    for i in 0..16 {
-                        let f = |x: &[u16; 32], k: usize| from_bf16(x[k]);
-                        let want = dot2(start[i], [f(&a, 2 * i), f(&a, 2 * i + 1)], [f(&b, 2 * i), f(&b, 2 * i + 1)]);
-                        assert_eq!(c[i].to_bits(), want.to_bits(), "lane {i} of {chunk:?}");
-                    }
+                    ))
+                };
+                for i in 0..32 {
+                    assert_eq!(a[i], to_bf16(chunk[i]), "convert {}", chunk[i]);
                 }
             }
         }
