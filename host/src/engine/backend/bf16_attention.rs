@@ -309,15 +309,15 @@ type Kernel = unsafe fn(
 );
 
 /// [`attend`]'s kernel for `H` heads of 64 in each of `seen.len()` rows (row `r`'s queries at
-/// `r * row_len` in `queries`, its outputs there in `out`). Per run of 16 keys: the run's keys
-/// and values widened to f32 (a bf16 is the top half of an f32: a shift or a mask per 16
-/// values), once into 8 KB of scratch in L1 where several rows use them, in registers as
-/// used where one row does ([`run_step`]); then per row the scores of every head in four chains of
-/// one vector each (12 accumulators for 3 heads, two fused multiply-adds per element pair and
-/// head), the softmax step in registers, and the weighted sum: per key 4 value vectors shared
-/// by the heads, one multiply-add per vector and head into the row's 12 accumulators. A
-/// run's keys and values are read from the cache once for all the rows. `running` is scratch,
-/// one [`Running`] per row.
+/// `r * row_len` in `queries`, its outputs there in `out`). Per run of 16 keys, the run's
+/// keys and values are widened to f32 ([`widen`]): once into 8 KB of scratch in L1 where
+/// several rows use them, in registers as used where one row does. Then per row
+/// ([`run_step`]): the scores of every head in four chains of one vector each (12
+/// accumulators for 3 heads, two fused multiply-adds per element pair and head), the softmax
+/// step in registers, and the weighted sum: per key 4 value vectors shared by the heads, one
+/// multiply-add per vector and head into the row's 12 accumulators. A run's keys and values
+/// are read from the cache once for all the rows. `running` is scratch, one [`Running`] per
+/// row.
 ///
 /// # Safety
 /// The CPU has AVX-512 F and BF16, AVX2 and FMA; `block_size` is a multiple of 16; every
@@ -359,9 +359,7 @@ unsafe fn heads_avx512<const H: usize>(
             for h in 0..H {
                 for v in 0..K / 16 {
                     let q = _mm512_loadu_ps(queries.as_ptr().add(row * row_len + h * K + 16 * v));
-                    let rounded = half_bits(_mm512_cvtneps_pbh(q));
-                    let back = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(rounded));
-                    _mm512_storeu_ps(state.query.as_mut_ptr().add(h * K + 16 * v), _mm512_castsi512_ps(back));
+                    _mm512_storeu_ps(state.query.as_mut_ptr().add(h * K + 16 * v), rounded_to_bf16(q));
                 }
             }
         }
@@ -441,6 +439,16 @@ fn widen(x: std::arch::x86_64::__m512i) -> (std::arch::x86_64::__m512, std::arch
     (_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd))
 }
 
+/// 16 f32 rounded to bf16 as `vcvtneps2bf16` rounds ([`to_bf16`]), as f32 again (exact).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512vl")]
+#[inline]
+fn rounded_to_bf16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let bits = half_bits(_mm512_cvtneps_pbh(x));
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
+}
+
 /// One row's step of [`heads_avx512`] over a run of 16 keys of which it sees `take`:
 /// `key_pair(p)` gives elements 2p and 2p + 1 of the run's 16 keys (a lane per key),
 /// `value_pair(pair, v)` elements 16v..16v + 16 of the values of keys 2 pair and 2 pair + 1.
@@ -460,7 +468,6 @@ unsafe fn run_step<const H: usize>(
 ) {
     use std::arch::x86_64::*;
     const K: usize = 64;
-    const NO_VALUES: __m512 = unsafe { std::mem::zeroed() };
     // SAFETY: `query` and `acc` hold 64 elements per head, `w` 16 weights per head; the
     // closures' reads are the caller's promise.
     unsafe {
@@ -490,9 +497,8 @@ unsafe fn run_step<const H: usize>(
                 state.max[h] = run_max;
             }
             let weights = exp16(_mm512_sub_ps(s, _mm512_set1_ps(state.max[h])));
-            // The weights rounded to bf16, back in f32 (exact), summed in the spec's order.
-            let rounded = half_bits(_mm512_cvtneps_pbh(weights));
-            let back = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(rounded)));
+            // The weights rounded to bf16, summed in the spec's order.
+            let back = rounded_to_bf16(weights);
             _mm512_storeu_ps(w[h].as_mut_ptr(), back);
             let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(back)));
             let v = _mm256_add_ps(_mm512_castps512_ps256(back), high);
@@ -514,7 +520,7 @@ unsafe fn run_step<const H: usize>(
             let last = 2 * pair + 1 == take;
             let values: [(__m512, __m512); 4] = std::array::from_fn(|v| {
                 let (even, odd) = value_pair(pair, v);
-                (even, if last { NO_VALUES } else { odd })
+                (even, if last { _mm512_setzero_ps() } else { odd })
             });
             for (h, sums) in sums.iter_mut().enumerate() {
                 let (w_even, w_odd) = (_mm512_set1_ps(w[h][2 * pair]), _mm512_set1_ps(w[h][2 * pair + 1]));
