@@ -641,7 +641,11 @@ unsafe fn round_superblock_avx512(x: &[f32], iscale: f32, words: &mut [i32], sum
             let y = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(16 * run)), scale);
             let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
             let away = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(y, t)), half);
-            let step = _mm512_or_ps(one, _mm512_and_ps(y, sign));
+            // (Integer and/or: the float ones are AVX-512 DQ, not enabled here.)
+            let step = _mm512_castsi512_ps(_mm512_or_si512(
+                _mm512_castps_si512(one),
+                _mm512_and_si512(_mm512_castps_si512(y), _mm512_castps_si512(sign)),
+            ));
             let r = _mm512_max_ps(low, _mm512_min_ps(high, _mm512_mask_add_ps(t, away, t, step)));
             let q = _mm512_cvttps_epi32(r);
             _mm_storeu_si128(bytes.add(16 * run).cast(), _mm512_cvtepi32_epi8(q));
