@@ -117,13 +117,13 @@ fn qwen25_greedy_matches_the_reference_for_64_tokens() {
     assert_matches_reference(&qwen25(), "Write a Python function that checks whether a number is prime.");
 }
 
-/// A 2-byte cache rounds keys and values, so its greedy tokens follow the f32 reference's
-/// only until a near tie goes the other way (with f16, SmolLM2's first answer token to the
+/// A 2-byte or 8-bit cache rounds keys and values, so its greedy tokens follow the f32
+/// reference's only until a near tie goes the other way (with f16, SmolLM2's first answer token to the
 /// poem prompt is one). Fed the reference's own 64 greedy tokens as one chunk, at every
 /// position the reference's token must still be the top logit or within [`NEAR_TIE`] of it,
 /// and the top at 60 or more of the 64.
 #[test]
-fn two_byte_caches_keep_the_reference_tokens_on_top() {
+fn compact_caches_keep_the_reference_tokens_on_top() {
     for (path, message) in [
         (smollm2(), "Write a short poem about the sea."),
         (qwen25(), "Write a Python function that checks whether a number is prime."),
@@ -133,7 +133,7 @@ fn two_byte_caches_keep_the_reference_tokens_on_top() {
         let reference = reference_greedy(&path, &prompt, 64);
         let tokens: Vec<u32> = prompt.iter().chain(&reference[..63]).copied().collect();
         let c = model.config().clone();
-        for dtype in [KvDtype::F16, KvDtype::Bf16] {
+        for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::Int8] {
             let blocks = tokens.len().div_ceil(16);
             let shape = KvShape {
                 layers: c.layers,
@@ -192,8 +192,8 @@ fn relative_error(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn a_multi_token_chunk_gives_the_logits_of_single_steps() {
-    for (path, dtype) in [smollm2(), qwen25()].into_iter().flat_map(|p| [(p.clone(), KvDtype::F16), (p, KvDtype::Bf16)])
-    {
+    let dtypes = [KvDtype::F16, KvDtype::Bf16, KvDtype::Int8];
+    for (path, dtype) in [smollm2(), qwen25()].into_iter().flat_map(|p| dtypes.map(|d| (p.clone(), d))) {
         let (model, tokenizer) = load_model(CpuBackend::batch_invariant(), &path).unwrap();
         let c = model.config().clone();
         let shape = KvShape {

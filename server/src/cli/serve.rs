@@ -53,7 +53,7 @@ pub struct ServeArgs {
     #[arg(long)]
     batch_invariant: bool,
     /// The KV cache's element type for --model: auto (bf16 where the CPU has AVX-512 BF16,
-    /// else f16), f16, bf16 or f32.
+    /// else f16), f16, bf16, f32 or int8.
     #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
     kv_cache_dtype: KvCacheDtype,
     /// GPUStack-style model entries (YAML, one `kind: Model` document each), reloaded on change.

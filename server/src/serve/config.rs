@@ -124,8 +124,10 @@ pub struct EntryConfig {
     pub extra_rows_beside_unconstrained: usize,
     /// The KV cache's element type: `auto` (the default: `bf16` where the CPU has AVX-512
     /// BF16, whose dot products make attention about 1.6x faster, `f16` elsewhere), `f16`,
-    /// `bf16` or `f32` (twice the memory; with it the engine reproduces candle-transformers'
-    /// models bit for bit). As vLLM's `--kv-cache-dtype`.
+    /// `bf16`, `f32` (twice the memory; with it the engine reproduces candle-transformers'
+    /// models bit for bit) or `int8` (bytes with a scale per 32 elements, llama.cpp's `q8_0`
+    /// cache: a little over half the memory of the 2-byte types, 8-bit rounding). As vLLM's
+    /// `--kv-cache-dtype`.
     #[serde(default)]
     pub kv_cache_dtype: KvCacheDtype,
 }
@@ -143,6 +145,9 @@ pub enum KvCacheDtype {
     Bf16,
     /// Single precision.
     F32,
+    /// Signed bytes with a scale per 32 elements (llama.cpp's `q8_0` cache type): a little over
+    /// half the memory of the 2-byte types.
+    Int8,
 }
 
 impl KvCacheDtype {
@@ -153,6 +158,7 @@ impl KvCacheDtype {
             KvCacheDtype::F16 => KvDtype::F16,
             KvCacheDtype::Bf16 => KvDtype::Bf16,
             KvCacheDtype::F32 => KvDtype::F32,
+            KvCacheDtype::Int8 => KvDtype::Int8,
         }
     }
 }
@@ -407,6 +413,7 @@ spec:
         assert_eq!(entry("dspark: true").unwrap(), KvCacheDtype::Auto);
         assert_eq!(entry("kv_cache_dtype: bf16").unwrap(), KvCacheDtype::Bf16);
         assert_eq!(entry("kv_cache_dtype: f32").unwrap().resolve(), KvDtype::F32);
+        assert_eq!(entry("kv_cache_dtype: int8").unwrap().resolve(), KvDtype::Int8);
         assert!(matches!(KvCacheDtype::Auto.resolve(), KvDtype::F16 | KvDtype::Bf16));
         let err = format!("{:#}", entry("kv_cache_dtype: fp8").unwrap_err());
         assert!(err.contains("model `m`") && err.contains("fp8") && err.contains("bf16"), "{err}");

@@ -550,7 +550,7 @@ fn half_bits(x: std::arch::x86_64::__m256bh) -> std::arch::x86_64::__m256i {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+pub(super) fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     use super::online_attention::{EXP_MAX, EXP_MIN, EXP_POLY, LN2_HI, LN2_LO};
     use std::arch::x86_64::*;
     // `!(x >= EXP_MIN)` gives 0, NaN included (an ordered comparison is false for NaN).

@@ -52,6 +52,7 @@ use half::slice::HalfFloatSliceExt;
 
 use super::bf16_attention;
 use super::expf;
+use super::int8_attention;
 use super::key_scores::{self, KeyLanes, ScoreOrder};
 use super::online_attention;
 use super::packed::{self, Packed};
@@ -104,6 +105,13 @@ enum LayerKv {
     F32 {
         k: Vec<f32>,
         v: Vec<f32>,
+    },
+    /// Bytes and their scales (one per 32 elements), in [`int8_attention`]'s layout.
+    Int8 {
+        k: Vec<i8>,
+        v: Vec<i8>,
+        k_scales: Vec<f32>,
+        v_scales: Vec<f32>,
     },
 }
 
@@ -277,7 +285,20 @@ impl Backend for CpuBackend {
             KvDtype::F16 => LayerKv::F16 { k: vec![f16::ZERO; per_layer], v: vec![f16::ZERO; per_layer] },
             KvDtype::Bf16 => LayerKv::Bf16 { k: vec![0; per_layer], v: vec![0; per_layer] },
             KvDtype::F32 => LayerKv::F32 { k: vec![0.0; per_layer], v: vec![0.0; per_layer] },
+            KvDtype::Int8 => LayerKv::Int8 {
+                k: vec![0; per_layer],
+                v: vec![0; per_layer],
+                k_scales: vec![0.0; per_layer / int8_attention::PART],
+                v_scales: vec![0.0; per_layer / int8_attention::PART],
+            },
         };
+        if shape.dtype == KvDtype::Int8 && !shape.head_dim.is_multiple_of(int8_attention::PART) {
+            bail!(
+                "an int8 KV cache takes head sizes that are multiples of {}; this model's is {} (use bf16 or f16)",
+                int8_attention::PART,
+                shape.head_dim
+            );
+        }
         Ok(CpuKvCache { shape, layers: (0..shape.layers).map(|_| layer()).collect() })
     }
 
@@ -551,6 +572,40 @@ impl Backend for CpuBackend {
                     }
                 }
             }
+            LayerKv::Int8 { k: keys, v: values, k_scales, v_scales } => {
+                let (block_size, head_dim) = (shape.block_size, shape.head_dim);
+                let parts = width / int8_attention::PART;
+                let (mut words, mut scales, mut sums) = (vec![0i32; width / 4], vec![0f32; parts], vec![0i32; parts]);
+                // Row `row` of `x` quantised into slot `slot`'s place of `bytes` and `to_scales`.
+                let mut store =
+                    |x: &CpuTensor, row: usize, slot: usize, bytes: &mut [i8], to_scales: &mut [f32], key: bool| {
+                        packed::quantize_q8(x.row(row), &mut words, &mut scales, &mut sums);
+                        let (block, at) = (slot / block_size, slot % block_size);
+                        let quantised = words.iter().flat_map(|w| w.to_le_bytes());
+                        for (i, byte) in quantised.enumerate() {
+                            let (head, e) = (i / head_dim, i % head_dim);
+                            let start = (block * shape.kv_heads + head) * block_size * head_dim;
+                            let index = if key {
+                                int8_attention::key_index(e, at, block_size)
+                            } else {
+                                int8_attention::value_index(e, at, head_dim)
+                            };
+                            bytes[start + index] = byte as i8;
+                        }
+                        let per_head = head_dim / int8_attention::PART;
+                        for (i, &scale) in scales.iter().enumerate() {
+                            let (head, part) = (i / per_head, i % per_head);
+                            let start = (block * shape.kv_heads + head) * block_size * head_dim;
+                            to_scales
+                                [start / int8_attention::PART + int8_attention::scale_index(part, at, block_size)] =
+                                scale;
+                        }
+                    };
+                for (row, &slot) in slots.iter().enumerate() {
+                    store(k, row, slot as usize, keys, k_scales, true);
+                    store(v, row, slot as usize, values, v_scales, false);
+                }
+            }
         }
         Ok(())
     }
@@ -592,6 +647,14 @@ impl Backend for CpuBackend {
                 let (head_dim, block_size) = (heads.head_dim, shape.block_size);
                 attend_one_pass(q, k, v, batch, &row_seq, geometry, |queries, starts, seen, scale, out, ahead| {
                     bf16_attention::attend(queries, head_dim, k, v, starts, block_size, seen, scale, out, ahead);
+                })
+            }
+            LayerKv::Int8 { k, v, k_scales, v_scales } => {
+                let (head_dim, block_size) = (heads.head_dim, shape.block_size);
+                attend_one_pass(q, k, v, batch, &row_seq, geometry, |queries, starts, seen, scale, out, ahead| {
+                    int8_attention::attend(
+                        queries, head_dim, k, v, k_scales, v_scales, starts, block_size, seen, scale, out, ahead,
+                    );
                 })
             }
         };
@@ -1434,8 +1497,9 @@ mod tests {
     #[test]
     fn paged_attention_equals_attention_over_the_written_rows() {
         let backend = CpuBackend::default();
-        let settings =
-            [KvDtype::F16, KvDtype::Bf16, KvDtype::F32].into_iter().flat_map(|d| [(d, 1, 2), (d, 2, 2), (d, 1, 3)]);
+        let settings = [KvDtype::F16, KvDtype::Bf16, KvDtype::F32, KvDtype::Int8]
+            .into_iter()
+            .flat_map(|d| [(d, 1, 2), (d, 2, 2), (d, 1, 3)]);
         for (dtype, seqs, kv_heads) in settings {
             // Groups of 3 query heads. One row per sequence (with 2 threads: one group per
             // item for 2 kv heads, pieces of a group for 3), a few (one sequence's span cut
@@ -1463,7 +1527,7 @@ mod tests {
                 let stored = |x: f32| match dtype {
                     KvDtype::F16 => f16::from_f32(x).to_f32(),
                     KvDtype::Bf16 => bf16_attention::from_bf16(bf16_attention::to_bf16(x)),
-                    KvDtype::F32 => x,
+                    KvDtype::F32 | KvDtype::Int8 => x,
                 };
                 for row in 0..rows {
                     let seq_start = if row < len { 0 } else { len };
@@ -1482,6 +1546,35 @@ mod tests {
                             let (key, value) =
                                 (|j: usize, e: usize| bits(keys[j][e]), |j: usize, e: usize| bits(values[j][e]));
                             bf16_attention::reference_head(query, seen, key, value, 0.125, &mut want);
+                            want
+                        } else if dtype == KvDtype::Int8 {
+                            // Each 32 elements as bytes against their amax / 127, rounded half
+                            // away from zero.
+                            let quantised = |t: &CpuTensor, j: usize| -> (Vec<i8>, Vec<f32>) {
+                                let head = &t.row(seq_start + j)[kv * 64..][..64];
+                                let mut bytes = Vec::new();
+                                let mut scales = Vec::new();
+                                for part in head.chunks(32) {
+                                    let d = part.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+                                    let inverse = if d != 0.0 { 1.0 / d } else { 0.0 };
+                                    bytes.extend(part.iter().map(|x| (x * inverse).round() as i8));
+                                    scales.push(d);
+                                }
+                                (bytes, scales)
+                            };
+                            let (keys, values): (Vec<_>, Vec<_>) =
+                                (0..seen).map(|j| (quantised(&k, j), quantised(&v, j))).unzip();
+                            let mut want = vec![0f32; 64];
+                            int8_attention::reference_head(
+                                query,
+                                seen,
+                                |j, e| keys[j].0[e],
+                                |j, p| keys[j].1[p],
+                                |j, e| values[j].0[e],
+                                |j, p| values[j].1[p],
+                                0.125,
+                                &mut want,
+                            );
                             want
                         } else if dtype == KvDtype::F16 {
                             let (keys, values): (Vec<_>, Vec<_>) =

@@ -13,6 +13,7 @@ pub mod bf16_attention;
 pub mod cpu;
 pub mod cuda;
 pub mod expf;
+pub mod int8_attention;
 pub mod key_scores;
 pub mod online_attention;
 pub mod packed;
@@ -82,12 +83,18 @@ pub enum KvDtype {
     Bf16,
     /// Single precision.
     F32,
+    /// Signed bytes with an f32 scale per 32 elements of a (slot, kv head): llama.cpp's `q8_0`
+    /// cache type. A little over half the memory of the 2-byte types, at the price of 8-bit
+    /// rounding against each 32 elements' largest ([`int8_attention`]). Head sizes that are
+    /// multiples of 32.
+    Int8,
 }
 
 impl KvDtype {
-    /// Bytes per element.
+    /// Bytes per element, scales left out.
     pub fn bytes(self) -> usize {
         match self {
+            KvDtype::Int8 => 1,
             KvDtype::F16 | KvDtype::Bf16 => 2,
             KvDtype::F32 => 4,
         }
@@ -120,7 +127,11 @@ pub struct KvShape {
 impl KvShape {
     /// Bytes of cache per token slot across all layers.
     pub fn bytes_per_slot(&self) -> usize {
-        2 * self.layers * self.kv_heads * self.head_dim * self.dtype.bytes()
+        let per_head = match self.dtype {
+            KvDtype::Int8 => self.head_dim + self.head_dim / int8_attention::PART * 4,
+            dtype => self.head_dim * dtype.bytes(),
+        };
+        2 * self.layers * self.kv_heads * per_head
     }
 }
 

@@ -1520,6 +1520,24 @@ fn quantize_row(isa: Isa, x: &[f32], words: &mut [i32], amax: &mut [f32], sums: 
     }
 }
 
+/// Quantises `x` (whole blocks of 32 values) as Q8_0 and Q8_1 round their blocks, to one
+/// signed byte per value (as little-endian 4-byte words, 8 per block) and one f32 scale per
+/// block: `d = amax / 127`, `q = round(x / d)` half away from zero. What the 8-bit KV cache
+/// stores ([`super::int8_attention`]); `sums` is scratch of one per block.
+pub(super) fn quantize_q8(x: &[f32], words: &mut [i32], scales: &mut [f32], sums: &mut [i32]) {
+    match Isa::detect() {
+        Some(isa) => quantize_row(isa, x, words, scales, sums),
+        None => {
+            for (i, block) in x.chunks_exact(BLOCK).enumerate() {
+                (scales[i], sums[i]) = quantize_block_scalar(block, &mut words[i * 8..][..8]);
+            }
+        }
+    }
+    for scale in scales.iter_mut() {
+        *scale /= 127.0;
+    }
+}
+
 /// The sum of the 4 signed bytes of each word of `words`, into `sums`.
 fn word_sums(isa: Isa, words: &[i32], sums: &mut [i32]) {
     assert_eq!(words.len(), sums.len());
