@@ -52,7 +52,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::online_attention::horizontal_sum;
-use super::online_attention::{AttendShape, exp};
+use super::online_attention::{self, AttendShape, exp};
 
 /// Keys per step of the online softmax: one 16-lane vector of scores.
 pub const RUN: usize = 16;
@@ -162,15 +162,7 @@ pub fn reference_head(
                 f32::NEG_INFINITY
             };
         }
-        let run_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let mut alpha = 1.0;
-        if run_max > max {
-            alpha = exp(max - run_max);
-            max = run_max;
-        }
-        let w: [f32; RUN] = std::array::from_fn(|j| from_bf16(to_bf16(exp(scores[j] - max))));
-        let v: [f32; 8] = std::array::from_fn(|i| w[i] + w[i + 8]);
-        total = total * alpha + (((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
+        let (w, alpha) = online_attention::softmax_step(&scores, &mut max, &mut total, |w| from_bf16(to_bf16(w)));
         for (e, out) in out.iter_mut().enumerate() {
             let mut acc = *out * alpha;
             for j in (0..take).step_by(2) {
@@ -278,18 +270,114 @@ pub fn attend(
     }
 }
 
-/// One row's running softmax for up to 3 heads of 64, and its queries as bf16 pairs.
+/// One row's running softmax for up to 3 heads of 64, and its queries; shared with
+/// [`super::int8_attention`]'s kernel.
 #[derive(Clone, Copy)]
-struct Running {
-    max: [f32; 3],
-    total: [f32; 3],
-    acc: [f32; 64 * 3],
-    /// Element `e` of head `h`'s query at `64 h + e`, rounded to bf16 (held as f32).
-    query: [f32; 64 * 3],
+pub(super) struct Running {
+    pub max: [f32; 3],
+    pub total: [f32; 3],
+    pub acc: [f32; 64 * 3],
+    /// Element `e` of head `h`'s query at `64 h + e` (here rounded to bf16, held as f32).
+    pub query: [f32; 64 * 3],
 }
 
 impl Running {
-    const START: Self = Self { max: [f32::NEG_INFINITY; 3], total: [0.0; 3], acc: [0.0; 64 * 3], query: [0.0; 64 * 3] };
+    pub const START: Self =
+        Self { max: [f32::NEG_INFINITY; 3], total: [0.0; 3], acc: [0.0; 64 * 3], query: [0.0; 64 * 3] };
+}
+
+/// Walks the runs of up to [`RUN`] keys of a sequence's `blocks` (where each starts in the
+/// cache, `block_size` slots each) that the rows `seen` (non-decreasing key counts) attend
+/// to, calling `ahead(b)` [`PREFETCH_BLOCKS`] blocks ahead of block `b`, and `run(start,
+/// first, done, run_len, first_row)` for each: the run is slots `first..first + run_len` of
+/// the block at `start`, keys `done..done + run_len` of the sequence, and rows from
+/// `first_row` on see some of them. Shared with [`super::int8_attention`]'s kernel.
+#[inline(always)]
+pub(super) fn for_each_run(
+    blocks: &[usize],
+    block_size: usize,
+    seen: &[usize],
+    ahead: &dyn Fn(usize),
+    mut run: impl FnMut(usize, usize, usize, usize, usize),
+) {
+    let n = seen[seen.len() - 1];
+    // Rows before `first_row` have seen all their keys.
+    let mut first_row = 0;
+    let mut done = 0;
+    for (b, &start) in blocks.iter().enumerate() {
+        if b + PREFETCH_BLOCKS < blocks.len() {
+            ahead(b + PREFETCH_BLOCKS);
+        }
+        let mut first = 0;
+        while first < block_size && done < n {
+            while seen[first_row] <= done {
+                first_row += 1;
+            }
+            let run_len = RUN.min(n - done);
+            run(start, first, done, run_len, first_row);
+            done += run_len;
+            first += RUN;
+        }
+    }
+}
+
+/// The online softmax's step for one head over a run's 16 scores `s` (keys past the run at
+/// -inf): raises `max` to the run's largest score where that exceeds it, and returns the
+/// weights `exp(s - max)` as `round` rounds them and the factor `alpha` the head's earlier
+/// sums are rescaled by, after adding the rounded weights to `total * alpha` in the order
+/// `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`, `v_i = w_i + w_(i+8)`. Shared with
+/// [`super::int8_attention`]'s kernel.
+///
+/// # Safety
+/// The CPU has AVX-512 F and AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+#[inline]
+pub(super) unsafe fn softmax_step(
+    s: std::arch::x86_64::__m512,
+    max: &mut f32,
+    total: &mut f32,
+    round: impl Fn(std::arch::x86_64::__m512) -> std::arch::x86_64::__m512,
+) -> (std::arch::x86_64::__m512, f32) {
+    use std::arch::x86_64::*;
+    let run_max = _mm512_reduce_max_ps(s);
+    let mut alpha = 1.0;
+    if run_max > *max {
+        alpha = exp(*max - run_max);
+        *max = run_max;
+    }
+    let weights = round(exp16(_mm512_sub_ps(s, _mm512_set1_ps(*max))));
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(weights)));
+    let v = _mm256_add_ps(_mm512_castps512_ps256(weights), high);
+    *total = *total * alpha + horizontal_sum(v);
+    (weights, alpha)
+}
+
+/// Writes each row's heads, `acc * (1 / total)`, to `out` (row `r`'s at `r * row_len`).
+/// Shared with [`super::int8_attention`]'s kernel.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `H <= 3`; `out` holds `(running.len() - 1) * row_len + 64 H`
+/// elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn write_rows<const H: usize>(running: &[Running], out: &mut [f32], row_len: usize) {
+    use std::arch::x86_64::*;
+    const K: usize = 64;
+    debug_assert!(H <= 3 && out.len() >= (running.len() - 1) * row_len + H * K);
+    for (row, state) in running.iter().enumerate() {
+        for h in 0..H {
+            let inverse = _mm512_set1_ps(1.0 / state.total[h]);
+            for e in (0..K).step_by(16) {
+                // SAFETY: `acc` holds 64 elements per head; the caller's promise for `out`.
+                unsafe {
+                    let a = _mm512_loadu_ps(state.acc.as_ptr().add(h * K + e));
+                    _mm512_storeu_ps(out.as_mut_ptr().add(row * row_len + h * K + e), _mm512_mul_ps(a, inverse));
+                }
+            }
+        }
+    }
 }
 
 /// [`heads_avx512`] for one head count.
@@ -344,7 +432,6 @@ unsafe fn heads_avx512<const H: usize>(
     const K: usize = 64;
     let rows = seen.len();
     debug_assert!(H <= 3 && queries.len() >= (rows - 1) * row_len + H * K && out.len() >= queries.len());
-    let n = seen[rows - 1];
     running.clear();
     running.resize(rows, Running::START);
     let scale = _mm512_set1_ps(scale);
@@ -363,67 +450,44 @@ unsafe fn heads_avx512<const H: usize>(
                 }
             }
         }
-        // Rows before `first_row` have seen all their keys.
-        let mut first_row = 0;
-        let mut done = 0;
-        for (b, &start) in blocks.iter().enumerate() {
-            if b + PREFETCH_BLOCKS < blocks.len() {
-                ahead(b + PREFETCH_BLOCKS);
-            }
-            let mut first = 0;
-            while first < block_size && done < n {
-                while seen[first_row] <= done {
-                    first_row += 1;
+        for_each_run(blocks, block_size, seen, ahead, |start, first, done, run_len, first_row| {
+            // Pair p of the run's 16 slots: 16 words at `start + p * 2 * block_size + 2 * first`,
+            // element 2p in the low half of each, 2p + 1 in the high half.
+            let key_base = keys.as_ptr().add(start + 2 * first);
+            // The run's slot pairs: 2 * 64 bf16 each, from `start + first * 64`; vector v
+            // of a pair holds elements 16v..16v + 16 of both slots, the even slot low.
+            let value_base = values.as_ptr().add(start + first * K);
+            let key_pair = |p: usize| widen(_mm512_loadu_si512(key_base.add(p * 2 * block_size).cast()));
+            let value_pair =
+                |pair: usize, v: usize| widen(_mm512_loadu_si512(value_base.add(pair * 2 * K + 32 * v).cast()));
+            let active = &mut running[first_row..];
+            if let [state] = active {
+                // One row: widened in registers as used.
+                run_step::<H>(state, RUN.min(seen[rows - 1] - done), scale, key_pair, value_pair);
+            } else {
+                // Several rows: widened once into L1 for all of them.
+                for p in 0..K / 2 {
+                    (run_keys[2 * p], run_keys[2 * p + 1]) = key_pair(p);
                 }
-                let run_len = RUN.min(n - done);
-                // Pair p of the run's 16 slots: 16 words at `start + p * 2 * block_size + 2 * first`,
-                // element 2p in the low half of each, 2p + 1 in the high half.
-                let key_base = keys.as_ptr().add(start + 2 * first);
-                // The run's slot pairs: 2 * 64 bf16 each, from `start + first * 64`; vector v
-                // of a pair holds elements 16v..16v + 16 of both slots, the even slot low.
-                let value_base = values.as_ptr().add(start + first * K);
-                let key_pair = |p: usize| widen(_mm512_loadu_si512(key_base.add(p * 2 * block_size).cast()));
-                let value_pair =
-                    |pair: usize, v: usize| widen(_mm512_loadu_si512(value_base.add(pair * 2 * K + 32 * v).cast()));
-                let active = &mut running[first_row..];
-                if let [state] = active {
-                    // One row: widened in registers as used.
-                    run_step::<H>(state, RUN.min(seen[rows - 1] - done), scale, key_pair, value_pair);
-                } else {
-                    // Several rows: widened once into L1 for all of them.
-                    for p in 0..K / 2 {
-                        (run_keys[2 * p], run_keys[2 * p + 1]) = key_pair(p);
-                    }
-                    let (slot_pairs, _) = run_values.as_chunks_mut::<2>();
-                    for (pair, [even, odd]) in slot_pairs.iter_mut().enumerate().take(run_len.div_ceil(2)) {
-                        for (v, (even, odd)) in even.iter_mut().zip(odd.iter_mut()).enumerate() {
-                            (*even, *odd) = value_pair(pair, v);
-                        }
-                    }
-                    for (offset, state) in active.iter_mut().enumerate() {
-                        let take = RUN.min(seen[first_row + offset] - done);
-                        run_step::<H>(
-                            state,
-                            take,
-                            scale,
-                            |p| (run_keys[2 * p], run_keys[2 * p + 1]),
-                            |pair, v| (run_values[2 * pair][v], run_values[2 * pair + 1][v]),
-                        );
+                let (slot_pairs, _) = run_values.as_chunks_mut::<2>();
+                for (pair, [even, odd]) in slot_pairs.iter_mut().enumerate().take(run_len.div_ceil(2)) {
+                    for (v, (even, odd)) in even.iter_mut().zip(odd.iter_mut()).enumerate() {
+                        (*even, *odd) = value_pair(pair, v);
                     }
                 }
-                done += run_len;
-                first += RUN;
-            }
-        }
-        for (row, state) in running.iter().enumerate() {
-            for h in 0..H {
-                let inverse = _mm512_set1_ps(1.0 / state.total[h]);
-                for e in (0..K).step_by(16) {
-                    let a = _mm512_loadu_ps(state.acc.as_ptr().add(h * K + e));
-                    _mm512_storeu_ps(out.as_mut_ptr().add(row * row_len + h * K + e), _mm512_mul_ps(a, inverse));
+                for (offset, state) in active.iter_mut().enumerate() {
+                    let take = RUN.min(seen[first_row + offset] - done);
+                    run_step::<H>(
+                        state,
+                        take,
+                        scale,
+                        |p| (run_keys[2 * p], run_keys[2 * p + 1]),
+                        |pair, v| (run_values[2 * pair][v], run_values[2 * pair + 1][v]),
+                    );
                 }
             }
-        }
+        });
+        write_rows::<H>(running, out, row_len);
     }
 }
 
@@ -491,18 +555,10 @@ unsafe fn run_step<const H: usize>(
             let [c0, c1, c2, c3] = dots[h];
             let s = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)), scale);
             let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep, s);
-            let run_max = _mm512_reduce_max_ps(s);
-            if run_max > state.max[h] {
-                alpha[h] = exp(state.max[h] - run_max);
-                state.max[h] = run_max;
-            }
-            let weights = exp16(_mm512_sub_ps(s, _mm512_set1_ps(state.max[h])));
             // The weights rounded to bf16, summed in the spec's order.
-            let back = rounded_to_bf16(weights);
+            let back;
+            (back, alpha[h]) = softmax_step(s, &mut state.max[h], &mut state.total[h], |w| rounded_to_bf16(w));
             _mm512_storeu_ps(w[h].as_mut_ptr(), back);
-            let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(back)));
-            let v = _mm256_add_ps(_mm512_castps512_ps256(back), high);
-            state.total[h] = state.total[h] * alpha[h] + horizontal_sum(v);
         }
         // The weighted sum: all 64 elements of every head, a pair of keys at a time, the odd
         // key first.
@@ -550,7 +606,7 @@ fn half_bits(x: std::arch::x86_64::__m256bh) -> std::arch::x86_64::__m256i {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(super) fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     use super::online_attention::{EXP_MAX, EXP_MIN, EXP_POLY, LN2_HI, LN2_LO};
     use std::arch::x86_64::*;
     // `!(x >= EXP_MIN)` gives 0, NaN included (an ordered comparison is false for NaN).

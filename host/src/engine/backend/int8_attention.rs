@@ -42,17 +42,14 @@
 //! [`reference_head`] per row and head: correct and slower.
 
 #[cfg(target_arch = "x86_64")]
-use super::online_attention::horizontal_sum;
-use super::online_attention::{AttendShape, exp};
+use super::bf16_attention::{Running, for_each_run, softmax_step, write_rows};
+use super::online_attention::{self, AttendShape};
 
 /// Keys per step of the online softmax: one 16-lane vector of scores.
 pub const RUN: usize = 16;
 
 /// Elements per scale.
 pub const PART: usize = 32;
-
-/// How many blocks ahead [`attend`] calls `ahead`.
-const PREFETCH_BLOCKS: usize = 4;
 
 /// Where element `e` of slot `slot` of a (block, kv head)'s keys is, from its start.
 pub fn key_index(e: usize, slot: usize, block_size: usize) -> usize {
@@ -112,15 +109,7 @@ pub fn reference_head(
                 f32::NEG_INFINITY
             };
         }
-        let run_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let mut alpha = 1.0;
-        if run_max > max {
-            alpha = exp(max - run_max);
-            max = run_max;
-        }
-        let w: [f32; RUN] = std::array::from_fn(|j| exp(scores[j] - max));
-        let v: [f32; 8] = std::array::from_fn(|i| w[i] + w[i + 8]);
-        total = total * alpha + (((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
+        let (w, alpha) = online_attention::softmax_step(&scores, &mut max, &mut total, |w| w);
         for (e, out) in out.iter_mut().enumerate() {
             let mut acc = *out * alpha;
             for (j, &weight) in w.iter().enumerate().take(take) {
@@ -146,22 +135,11 @@ pub fn accelerated() -> bool {
     false
 }
 
-/// The attention of a group of heads sharing one kv head, for one or more rows of a sequence
-/// ([module docs](self)); the arguments as [`super::bf16_attention::attend`]'s, over an 8-bit
-/// cache in this module's layout with its scales (`key_scales`, `value_scales`: one per 32
-/// elements of `keys` and `values`): row `r` sees the first `seen[r]` positions (`seen`
-/// non-decreasing), `queries` and `out` hold each row's heads one after the other, `blocks`
-/// where each block starts in `keys` and `values`, `ahead(b)` prefetches block `b`.
-///
-/// Every row gets exactly the numbers it would get alone. With AVX-512, head size 64 and
-/// block sizes that are multiples of [`RUN`] the vector kernel runs; otherwise
-/// [`reference_head`] per row and head.
-///
-/// # Panics
-/// If `queries` and `out` differ in length or are not a multiple of `seen.len() * head_dim`,
-/// `head_dim` is not a multiple of 32, `seen` is empty or decreases, `blocks` holds fewer
-/// than `max(seen).div_ceil(block_size)` starts, a used block runs past the end of `keys` or
-/// `values`, or the scales are not one per 32 elements of them.
+/// [`super::bf16_attention::attend`] over an 8-bit cache in this module's layout, with its
+/// scales (`key_scales`, `value_scales`: one per 32 elements of `keys` and `values`) and
+/// [`reference_head`]'s numbers. The vector kernel needs AVX-512 F ([`accelerated`]) instead
+/// of BF16. Panics as that function does, and where `head_dim` is not a multiple of 32 or
+/// the scales are not one per 32 elements.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     queries: &[f32],
@@ -249,19 +227,6 @@ struct Cache<'a> {
     value_scales: &'a [f32],
 }
 
-/// One row's running softmax for up to 3 heads of 64, and its queries.
-#[derive(Clone, Copy)]
-struct Running {
-    max: [f32; 3],
-    total: [f32; 3],
-    acc: [f32; 64 * 3],
-    query: [f32; 64 * 3],
-}
-
-impl Running {
-    const START: Self = Self { max: [f32::NEG_INFINITY; 3], total: [0.0; 3], acc: [0.0; 64 * 3], query: [0.0; 64 * 3] };
-}
-
 /// [`heads_avx512`] for one head count.
 #[cfg(target_arch = "x86_64")]
 type Kernel =
@@ -299,7 +264,6 @@ unsafe fn heads_avx512<const H: usize>(
     const K: usize = 64;
     let rows = seen.len();
     debug_assert!(H <= 3 && queries.len() >= (rows - 1) * row_len + H * K && out.len() >= queries.len());
-    let n = seen[rows - 1];
     running.clear();
     running.resize(rows, Running::START);
     let scale = _mm512_set1_ps(scale);
@@ -313,63 +277,40 @@ unsafe fn heads_avx512<const H: usize>(
         for (row, state) in running.iter_mut().enumerate() {
             state.query[..H * K].copy_from_slice(&queries[row * row_len..][..H * K]);
         }
-        // Rows before `first_row` have seen all their keys.
-        let mut first_row = 0;
-        let mut done = 0;
-        for (b, &start) in blocks.iter().enumerate() {
-            if b + PREFETCH_BLOCKS < blocks.len() {
-                ahead(b + PREFETCH_BLOCKS);
-            }
-            let mut first = 0;
-            while first < block_size && done < n {
-                while seen[first_row] <= done {
-                    first_row += 1;
+        for_each_run(blocks, block_size, seen, ahead, |start, first, done, run_len, first_row| {
+            let key_base = cache.keys.as_ptr().add(start + first);
+            let value_base = cache.values.as_ptr().add(start + first * K);
+            let widen = |bytes: *const i8| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes.cast())));
+            let key = |e: usize| widen(key_base.add(key_index(e, 0, block_size)));
+            let value = |j: usize, v: usize| widen(value_base.add(value_index(16 * v, j, K)));
+            let scales = |all: &[f32]| {
+                let at = all.as_ptr().add(start / PART + first);
+                [_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(scale_index(1, 0, block_size)))]
+            };
+            let (key_scales, value_scales) = (scales(cache.key_scales), scales(cache.value_scales));
+            let active = &mut running[first_row..];
+            if let [state] = active {
+                // One row: widened in registers as used.
+                let take = RUN.min(seen[rows - 1] - done);
+                run_step::<H>(state, take, scale, key, key_scales, value, value_scales);
+            } else {
+                // Several rows: widened once into L1 for all of them.
+                for (e, k) in run_keys.iter_mut().enumerate() {
+                    *k = key(e);
                 }
-                let run_len = RUN.min(n - done);
-                let key_base = cache.keys.as_ptr().add(start + first);
-                let value_base = cache.values.as_ptr().add(start + first * K);
-                let widen = |bytes: *const i8| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes.cast())));
-                let key = |e: usize| widen(key_base.add(key_index(e, 0, block_size)));
-                let value = |j: usize, v: usize| widen(value_base.add(value_index(16 * v, j, K)));
-                let scales = |all: &[f32]| {
-                    let at = all.as_ptr().add(start / PART + first);
-                    [_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(scale_index(1, 0, block_size)))]
-                };
-                let (key_scales, value_scales) = (scales(cache.key_scales), scales(cache.value_scales));
-                let active = &mut running[first_row..];
-                if let [state] = active {
-                    // One row: widened in registers as used.
-                    let take = RUN.min(seen[rows - 1] - done);
-                    run_step::<H>(state, take, scale, key, key_scales, value, value_scales);
-                } else {
-                    // Several rows: widened once into L1 for all of them.
-                    for (e, k) in run_keys.iter_mut().enumerate() {
-                        *k = key(e);
-                    }
-                    for (j, vectors) in run_values.iter_mut().enumerate().take(run_len) {
-                        for (v, vector) in vectors.iter_mut().enumerate() {
-                            *vector = value(j, v);
-                        }
-                    }
-                    for (offset, state) in active.iter_mut().enumerate() {
-                        let take = RUN.min(seen[first_row + offset] - done);
-                        let (keys, values) = (&run_keys, &run_values);
-                        run_step::<H>(state, take, scale, |e| keys[e], key_scales, |j, v| values[j][v], value_scales);
+                for (j, vectors) in run_values.iter_mut().enumerate().take(run_len) {
+                    for (v, vector) in vectors.iter_mut().enumerate() {
+                        *vector = value(j, v);
                     }
                 }
-                done += run_len;
-                first += RUN;
-            }
-        }
-        for (row, state) in running.iter().enumerate() {
-            for h in 0..H {
-                let inverse = _mm512_set1_ps(1.0 / state.total[h]);
-                for e in (0..K).step_by(16) {
-                    let a = _mm512_loadu_ps(state.acc.as_ptr().add(h * K + e));
-                    _mm512_storeu_ps(out.as_mut_ptr().add(row * row_len + h * K + e), _mm512_mul_ps(a, inverse));
+                for (offset, state) in active.iter_mut().enumerate() {
+                    let take = RUN.min(seen[first_row + offset] - done);
+                    let (keys, values) = (&run_keys, &run_values);
+                    run_step::<H>(state, take, scale, |e| keys[e], key_scales, |j, v| values[j][v], value_scales);
                 }
             }
-        }
+        });
+        write_rows::<H>(running, out, row_len);
     }
 }
 
@@ -419,15 +360,8 @@ unsafe fn run_step<const H: usize>(
             let high = _mm512_mul_ps(_mm512_add_ps(c2, c3), key_scales[1]);
             let s = _mm512_mul_ps(_mm512_add_ps(low, high), scale);
             let s = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep, s);
-            let run_max = _mm512_reduce_max_ps(s);
-            if run_max > state.max[h] {
-                alpha[h] = exp(state.max[h] - run_max);
-                state.max[h] = run_max;
-            }
-            let weights = super::bf16_attention::exp16(_mm512_sub_ps(s, _mm512_set1_ps(state.max[h])));
-            let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(weights)));
-            let v = _mm256_add_ps(_mm512_castps512_ps256(weights), high);
-            state.total[h] = state.total[h] * alpha[h] + horizontal_sum(v);
+            let weights;
+            (weights, alpha[h]) = softmax_step(s, &mut state.max[h], &mut state.total[h], |w| w);
             for (part, w) in w[h].iter_mut().enumerate() {
                 _mm512_storeu_ps(w.as_mut_ptr(), _mm512_mul_ps(weights, value_scales[part]));
             }

@@ -102,15 +102,7 @@ pub fn reference_head(
                 f32::NEG_INFINITY
             };
         }
-        let run_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let mut alpha = 1.0;
-        if run_max > max {
-            alpha = exp(max - run_max);
-            max = run_max;
-        }
-        let p: [f32; RUN] = std::array::from_fn(|j| exp(scores[j] - max));
-        let v: [f32; 8] = std::array::from_fn(|i| p[i] + p[i + 8]);
-        total = total * alpha + (((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
+        let (p, alpha) = softmax_step(&scores, &mut max, &mut total, |w| w);
         for (e, out) in out.iter_mut().enumerate() {
             let mut chains = [*out * alpha, 0.0];
             for (j, &p) in p.iter().enumerate().take(take) {
@@ -213,6 +205,29 @@ pub fn attend<T: KeyElement>(
             reference_head(query, n, key, value, scale, out);
         }
     }
+}
+
+/// The reference kernels' online softmax step over a run's scores (keys past the run at
+/// -inf): raises `max` to the run's largest score where that exceeds it, and returns the
+/// weights `round(exp(s - max))` and the factor `alpha` the earlier sums are rescaled by,
+/// after adding the weights to `total * alpha` in the order `((v0 + v4) + (v2 + v6)) + ((v1 +
+/// v5) + (v3 + v7))`, `v_i = w_i + w_(i+8)`. Shared by the three caches' `reference_head`s.
+pub(super) fn softmax_step(
+    scores: &[f32; RUN],
+    max: &mut f32,
+    total: &mut f32,
+    round: impl Fn(f32) -> f32,
+) -> ([f32; RUN], f32) {
+    let run_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let mut alpha = 1.0;
+    if run_max > *max {
+        alpha = exp(*max - run_max);
+        *max = run_max;
+    }
+    let w: [f32; RUN] = std::array::from_fn(|j| round(exp(scores[j] - *max)));
+    let v: [f32; 8] = std::array::from_fn(|i| w[i] + w[i + 8]);
+    *total = *total * alpha + (((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
+    (w, alpha)
 }
 
 /// The shape of an attention call over a paged cache, checked: the heads per row, the
