@@ -50,15 +50,12 @@
 //! times slower than the f16 path, which is why the engine picks bf16 only where the
 //! instruction exists ([`super::KvDtype::fastest`]).
 
-#[cfg(target_arch = "x86_64")]
-use super::online_attention::horizontal_sum;
 use super::online_attention::{self, AttendShape, exp};
+#[cfg(target_arch = "x86_64")]
+use super::online_attention::{for_each_run, horizontal_sum};
 
 /// Keys per step of the online softmax: one 16-lane vector of scores.
 pub const RUN: usize = 16;
-
-/// How many blocks ahead [`attend`] calls `ahead`.
-const PREFETCH_BLOCKS: usize = 4;
 
 /// `x` rounded to bf16 (as `u16` bits) the way `vcvtneps2bf16` rounds: to nearest, ties to
 /// even; zero and subnormal inputs give zero of the same sign; NaN gives a quiet NaN.
@@ -286,41 +283,6 @@ impl Running {
         Self { max: [f32::NEG_INFINITY; 3], total: [0.0; 3], acc: [0.0; 64 * 3], query: [0.0; 64 * 3] };
 }
 
-/// Walks the runs of up to [`RUN`] keys of a sequence's `blocks` (where each starts in the
-/// cache, `block_size` slots each) that the rows `seen` (non-decreasing key counts) attend
-/// to, calling `ahead(b)` [`PREFETCH_BLOCKS`] blocks ahead of block `b`, and `run(start,
-/// first, done, run_len, first_row)` for each: the run is slots `first..first + run_len` of
-/// the block at `start`, keys `done..done + run_len` of the sequence, and rows from
-/// `first_row` on see some of them. Shared with [`super::int8_attention`]'s kernel.
-#[inline(always)]
-pub(super) fn for_each_run(
-    blocks: &[usize],
-    block_size: usize,
-    seen: &[usize],
-    ahead: &dyn Fn(usize),
-    mut run: impl FnMut(usize, usize, usize, usize, usize),
-) {
-    let n = seen[seen.len() - 1];
-    // Rows before `first_row` have seen all their keys.
-    let mut first_row = 0;
-    let mut done = 0;
-    for (b, &start) in blocks.iter().enumerate() {
-        if b + PREFETCH_BLOCKS < blocks.len() {
-            ahead(b + PREFETCH_BLOCKS);
-        }
-        let mut first = 0;
-        while first < block_size && done < n {
-            while seen[first_row] <= done {
-                first_row += 1;
-            }
-            let run_len = RUN.min(n - done);
-            run(start, first, done, run_len, first_row);
-            done += run_len;
-            first += RUN;
-        }
-    }
-}
-
 /// The online softmax's step for one head over a run's 16 scores `s` (keys past the run at
 /// -inf): raises `max` to the run's largest score where that exceeds it, and returns the
 /// weights `exp(s - max)` as `round` rounds them and the factor `alpha` the head's earlier
@@ -351,6 +313,47 @@ pub(super) unsafe fn softmax_step(
     let v = _mm256_add_ps(_mm512_castps512_ps256(weights), high);
     *total = *total * alpha + horizontal_sum(v);
     (weights, alpha)
+}
+
+/// A row's weighted sums for `H` heads of 64 (4 vectors each), each head's multiplied by
+/// its `alpha` (the online softmax's rescaling; a factor of 1 is skipped, as it changes
+/// nothing). Shared with [`super::int8_attention`]'s kernel.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `H <= 3`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn rescaled_sums<const H: usize>(
+    state: &Running,
+    alpha: &[f32; H],
+) -> [[std::arch::x86_64::__m512; 4]; H] {
+    use std::arch::x86_64::*;
+    let rescale = alpha.iter().any(|&a| a != 1.0);
+    std::array::from_fn(|h| {
+        std::array::from_fn(|v| {
+            // SAFETY: `acc` holds 64 elements per head, H <= 3.
+            let a = unsafe { _mm512_loadu_ps(state.acc.as_ptr().add(h * 64 + 16 * v)) };
+            if rescale { _mm512_mul_ps(a, _mm512_set1_ps(alpha[h])) } else { a }
+        })
+    })
+}
+
+/// Stores [`rescaled_sums`]' vectors back into the row's `acc` once a run's values are in.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `H <= 3`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn store_sums<const H: usize>(state: &mut Running, sums: &[[std::arch::x86_64::__m512; 4]; H]) {
+    use std::arch::x86_64::*;
+    for (h, sums) in sums.iter().enumerate() {
+        for (v, sum) in sums.iter().enumerate() {
+            // SAFETY: `acc` holds 64 elements per head, H <= 3.
+            unsafe { _mm512_storeu_ps(state.acc.as_mut_ptr().add(h * 64 + 16 * v), *sum) };
+        }
+    }
 }
 
 /// Writes each row's heads, `acc * (1 / total)`, to `out` (row `r`'s at `r * row_len`).
@@ -562,15 +565,7 @@ unsafe fn run_step<const H: usize>(
         }
         // The weighted sum: all 64 elements of every head, a pair of keys at a time, the odd
         // key first.
-        let rescale = alpha.iter().any(|&a| a != 1.0);
-        let acc = state.acc.as_mut_ptr();
-        let mut sums: [[__m512; 4]; H] = std::array::from_fn(|h| {
-            std::array::from_fn(|v| {
-                let a = _mm512_loadu_ps(acc.add(h * K + 16 * v));
-                // Multiplying by 1 changes nothing: skipped.
-                if rescale { _mm512_mul_ps(a, _mm512_set1_ps(alpha[h])) } else { a }
-            })
-        });
+        let mut sums = rescaled_sums::<H>(state, &alpha);
         for pair in 0..take.div_ceil(2) {
             // A key past this row's last counts 0 (its slot may hold stale values).
             let last = 2 * pair + 1 == take;
@@ -586,11 +581,7 @@ unsafe fn run_step<const H: usize>(
                 }
             }
         }
-        for (h, sums) in sums.iter().enumerate() {
-            for (v, sum) in sums.iter().enumerate() {
-                _mm512_storeu_ps(acc.add(h * K + 16 * v), *sum);
-            }
-        }
+        store_sums::<H>(state, &sums);
     }
 }
 
@@ -630,6 +621,7 @@ fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::backend::online_attention::PREFETCH_BLOCKS;
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         super::super::test_values(n, seed as u32)

@@ -42,7 +42,9 @@
 //! [`reference_head`] per row and head: correct and slower.
 
 #[cfg(target_arch = "x86_64")]
-use super::bf16_attention::{Running, for_each_run, softmax_step, write_rows};
+use super::bf16_attention::{Running, rescaled_sums, softmax_step, store_sums, write_rows};
+#[cfg(target_arch = "x86_64")]
+use super::online_attention::for_each_run;
 use super::online_attention::{self, AttendShape};
 
 /// Keys per step of the online softmax: one 16-lane vector of scores.
@@ -367,15 +369,7 @@ unsafe fn run_step<const H: usize>(
             }
         }
         // The weighted sum: all 64 elements of every head, key by key.
-        let rescale = alpha.iter().any(|&a| a != 1.0);
-        let acc = state.acc.as_mut_ptr();
-        let mut sums: [[__m512; 4]; H] = std::array::from_fn(|h| {
-            std::array::from_fn(|v| {
-                let a = _mm512_loadu_ps(acc.add(h * K + 16 * v));
-                // Multiplying by 1 changes nothing: skipped.
-                if rescale { _mm512_mul_ps(a, _mm512_set1_ps(alpha[h])) } else { a }
-            })
-        });
+        let mut sums = rescaled_sums::<H>(state, &alpha);
         #[allow(clippy::needless_range_loop)] // `j` indexes the keys of `value` and of `w`
         for j in 0..take {
             let values: [__m512; 4] = std::array::from_fn(|v| value(j, v));
@@ -385,11 +379,7 @@ unsafe fn run_step<const H: usize>(
                 }
             }
         }
-        for (h, sums) in sums.iter().enumerate() {
-            for (v, sum) in sums.iter().enumerate() {
-                _mm512_storeu_ps(acc.add(h * K + 16 * v), *sum);
-            }
-        }
+        store_sums::<H>(state, &sums);
     }
 }
 

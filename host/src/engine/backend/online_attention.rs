@@ -40,7 +40,7 @@ use super::key_scores::{KeyElement, KeyLanes};
 pub const RUN: usize = 16;
 
 /// How many blocks ahead [`attend`] calls `ahead`.
-const PREFETCH_BLOCKS: usize = 4;
+pub(super) const PREFETCH_BLOCKS: usize = 4;
 
 /// `exp(x)` to within about 2 units in the last place, for the softmax of f16 caches: `x` is
 /// split as `n ln 2 + r` (`n` the nearest integer to `x / ln 2`, `ln 2` in two parts),
@@ -207,6 +207,41 @@ pub fn attend<T: KeyElement>(
     }
 }
 
+/// Walks the runs of up to [`RUN`] keys of a sequence's `blocks` (where each starts in the
+/// cache, `block_size` slots each) that the rows `seen` (non-decreasing key counts) attend
+/// to, calling `ahead(b)` [`PREFETCH_BLOCKS`] blocks ahead of block `b`, and `run(start,
+/// first, done, run_len, first_row)` for each: the run is slots `first..first + run_len` of
+/// the block at `start`, keys `done..done + run_len` of the sequence, and rows from
+/// `first_row` on see some of them. Shared by the three caches' kernels.
+#[inline(always)]
+pub(super) fn for_each_run(
+    blocks: &[usize],
+    block_size: usize,
+    seen: &[usize],
+    ahead: &dyn Fn(usize),
+    mut run: impl FnMut(usize, usize, usize, usize, usize),
+) {
+    let n = seen[seen.len() - 1];
+    // Rows before `first_row` have seen all their keys.
+    let mut first_row = 0;
+    let mut done = 0;
+    for (b, &start) in blocks.iter().enumerate() {
+        if b + PREFETCH_BLOCKS < blocks.len() {
+            ahead(b + PREFETCH_BLOCKS);
+        }
+        let mut first = 0;
+        while first < block_size && done < n {
+            while seen[first_row] <= done {
+                first_row += 1;
+            }
+            let run_len = RUN.min(n - done);
+            run(start, first, done, run_len, first_row);
+            done += run_len;
+            first += RUN;
+        }
+    }
+}
+
 /// The reference kernels' online softmax step over a run's scores (keys past the run at
 /// -inf): raises `max` to the run's largest score where that exceeds it, and returns the
 /// weights `round(exp(s - max))` and the factor `alpha` the earlier sums are rescaled by,
@@ -316,106 +351,90 @@ unsafe fn heads_avx2<T: KeyElement, const H: usize>(
     const K: usize = 64;
     let rows = seen.len();
     debug_assert!(H <= 3 && queries.len() >= (rows - 1) * row_len + H * K && out.len() >= queries.len());
-    let n = seen[rows - 1];
     running.clear();
     running.resize(rows, Running::START);
     let scale = _mm256_set1_ps(scale);
-    // Rows before `first_row` have seen all their keys.
-    let mut first_row = 0;
-    let mut done = 0;
     // SAFETY: the caller's promise for the features, the keys, the values and the sizes;
     // `acc` holds 64 elements per head; `p` 16 weights per head.
     unsafe {
-        for (b, &start) in blocks.iter().enumerate() {
-            if b + PREFETCH_BLOCKS < blocks.len() {
-                ahead(b + PREFETCH_BLOCKS);
-            }
-            let mut first = 0;
-            while first < block_size && done < n {
-                while seen[first_row] <= done {
-                    first_row += 1;
+        for_each_run(blocks, block_size, seen, ahead, |start, first, done, _, first_row| {
+            let key_base = keys.as_ptr().add(start + first);
+            let value_base = values.as_ptr().add(start + first * K);
+            for (row, state) in running.iter_mut().enumerate().skip(first_row) {
+                let q = queries.as_ptr().add(row * row_len);
+                let take = RUN.min(seen[row] - done);
+                // Scores: element e of the run's 16 keys is 16 consecutive keys at
+                // `first + e * block_size`; even elements in one chain, odd in the other.
+                let mut dots = [[[_mm256_setzero_ps(); 2]; 2]; H];
+                for e in (0..K).step_by(2) {
+                    for chain in 0..2 {
+                        let at = key_base.add((e + chain) * block_size);
+                        let x = [T::load8(at), T::load8(at.add(8))];
+                        for (h, dots) in dots.iter_mut().enumerate() {
+                            let qe = _mm256_broadcast_ss(&*q.add(h * K + e + chain));
+                            dots[chain][0] = _mm256_fmadd_ps(qe, x[0], dots[chain][0]);
+                            dots[chain][1] = _mm256_fmadd_ps(qe, x[1], dots[chain][1]);
+                        }
+                    }
                 }
-                let key_base = keys.as_ptr().add(start + first);
-                let value_base = values.as_ptr().add(start + first * K);
-                for (row, state) in running.iter_mut().enumerate().skip(first_row) {
-                    let q = queries.as_ptr().add(row * row_len);
-                    let take = RUN.min(seen[row] - done);
-                    // Scores: element e of the run's 16 keys is 16 consecutive keys at
-                    // `first + e * block_size`; even elements in one chain, odd in the other.
-                    let mut dots = [[[_mm256_setzero_ps(); 2]; 2]; H];
-                    for e in (0..K).step_by(2) {
-                        for chain in 0..2 {
-                            let at = key_base.add((e + chain) * block_size);
+                // The softmax step: keys past `take` score -inf, so weigh 0.
+                let past = |half: i32| {
+                    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(take as i32 - half), lane))
+                };
+                let keep = [past(0), past(8)];
+                let mut p = [[0f32; RUN]; H];
+                let mut alpha = [1f32; H];
+                for h in 0..H {
+                    let s: [__m256; 2] = std::array::from_fn(|v| {
+                        let s = _mm256_mul_ps(_mm256_add_ps(dots[h][0][v], dots[h][1][v]), scale);
+                        if take < RUN { _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, keep[v]) } else { s }
+                    });
+                    let run_max = horizontal_max(_mm256_max_ps(s[0], s[1]));
+                    if run_max > state.max[h] {
+                        alpha[h] = exp(state.max[h] - run_max);
+                        state.max[h] = run_max;
+                    }
+                    let m = _mm256_set1_ps(state.max[h]);
+                    let weights = [exp8(_mm256_sub_ps(s[0], m)), exp8(_mm256_sub_ps(s[1], m))];
+                    _mm256_storeu_ps(p[h].as_mut_ptr(), weights[0]);
+                    _mm256_storeu_ps(p[h].as_mut_ptr().add(8), weights[1]);
+                    state.total[h] = state.total[h] * alpha[h] + horizontal_sum(_mm256_add_ps(weights[0], weights[1]));
+                }
+                // The weighted sum: 16 elements of every head at a time over the run's values.
+                let rescale = alpha.iter().any(|&a| a != 1.0);
+                let alphas: [__m256; H] = std::array::from_fn(|h| _mm256_set1_ps(alpha[h]));
+                let acc = state.acc.as_mut_ptr();
+                for slice in (0..K).step_by(16) {
+                    let mut chains: [[[__m256; 2]; 2]; H] = std::array::from_fn(|h| {
+                        let from = |v: usize| {
+                            let a = _mm256_loadu_ps(acc.add(h * K + slice + 8 * v));
+                            // Multiplying by 1 changes nothing: skipped.
+                            if rescale { _mm256_mul_ps(a, alphas[h]) } else { a }
+                        };
+                        [[from(0), from(1)], [_mm256_setzero_ps(); 2]]
+                    });
+                    let mut j = 0;
+                    while j < take {
+                        for (chain, j) in (j..take.min(j + 2)).enumerate() {
+                            let at = value_base.add(j * K + slice);
                             let x = [T::load8(at), T::load8(at.add(8))];
-                            for (h, dots) in dots.iter_mut().enumerate() {
-                                let qe = _mm256_broadcast_ss(&*q.add(h * K + e + chain));
-                                dots[chain][0] = _mm256_fmadd_ps(qe, x[0], dots[chain][0]);
-                                dots[chain][1] = _mm256_fmadd_ps(qe, x[1], dots[chain][1]);
+                            for (h, chains) in chains.iter_mut().enumerate() {
+                                let w = _mm256_set1_ps(*p[h].get_unchecked(j));
+                                chains[chain][0] = _mm256_fmadd_ps(w, x[0], chains[chain][0]);
+                                chains[chain][1] = _mm256_fmadd_ps(w, x[1], chains[chain][1]);
                             }
                         }
+                        j += 2;
                     }
-                    // The softmax step: keys past `take` score -inf, so weigh 0.
-                    let past = |half: i32| {
-                        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(take as i32 - half), lane))
-                    };
-                    let keep = [past(0), past(8)];
-                    let mut p = [[0f32; RUN]; H];
-                    let mut alpha = [1f32; H];
-                    for h in 0..H {
-                        let s: [__m256; 2] = std::array::from_fn(|v| {
-                            let s = _mm256_mul_ps(_mm256_add_ps(dots[h][0][v], dots[h][1][v]), scale);
-                            if take < RUN { _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, keep[v]) } else { s }
-                        });
-                        let run_max = horizontal_max(_mm256_max_ps(s[0], s[1]));
-                        if run_max > state.max[h] {
-                            alpha[h] = exp(state.max[h] - run_max);
-                            state.max[h] = run_max;
-                        }
-                        let m = _mm256_set1_ps(state.max[h]);
-                        let weights = [exp8(_mm256_sub_ps(s[0], m)), exp8(_mm256_sub_ps(s[1], m))];
-                        _mm256_storeu_ps(p[h].as_mut_ptr(), weights[0]);
-                        _mm256_storeu_ps(p[h].as_mut_ptr().add(8), weights[1]);
-                        state.total[h] =
-                            state.total[h] * alpha[h] + horizontal_sum(_mm256_add_ps(weights[0], weights[1]));
-                    }
-                    // The weighted sum: 16 elements of every head at a time over the run's values.
-                    let rescale = alpha.iter().any(|&a| a != 1.0);
-                    let alphas: [__m256; H] = std::array::from_fn(|h| _mm256_set1_ps(alpha[h]));
-                    let acc = state.acc.as_mut_ptr();
-                    for slice in (0..K).step_by(16) {
-                        let mut chains: [[[__m256; 2]; 2]; H] = std::array::from_fn(|h| {
-                            let from = |v: usize| {
-                                let a = _mm256_loadu_ps(acc.add(h * K + slice + 8 * v));
-                                // Multiplying by 1 changes nothing: skipped.
-                                if rescale { _mm256_mul_ps(a, alphas[h]) } else { a }
-                            };
-                            [[from(0), from(1)], [_mm256_setzero_ps(); 2]]
-                        });
-                        let mut j = 0;
-                        while j < take {
-                            for (chain, j) in (j..take.min(j + 2)).enumerate() {
-                                let at = value_base.add(j * K + slice);
-                                let x = [T::load8(at), T::load8(at.add(8))];
-                                for (h, chains) in chains.iter_mut().enumerate() {
-                                    let w = _mm256_set1_ps(*p[h].get_unchecked(j));
-                                    chains[chain][0] = _mm256_fmadd_ps(w, x[0], chains[chain][0]);
-                                    chains[chain][1] = _mm256_fmadd_ps(w, x[1], chains[chain][1]);
-                                }
-                            }
-                            j += 2;
-                        }
-                        for (h, [even, odd]) in chains.iter().enumerate() {
-                            for v in 0..2 {
-                                _mm256_storeu_ps(acc.add(h * K + slice + 8 * v), _mm256_add_ps(even[v], odd[v]));
-                            }
+                    for (h, [even, odd]) in chains.iter().enumerate() {
+                        for v in 0..2 {
+                            _mm256_storeu_ps(acc.add(h * K + slice + 8 * v), _mm256_add_ps(even[v], odd[v]));
                         }
                     }
                 }
-                done += RUN.min(n - done);
-                first += RUN;
             }
-        }
+        });
         for (row, state) in running.iter().enumerate() {
             for h in 0..H {
                 let inverse = _mm256_set1_ps(1.0 / state.total[h]);
