@@ -5,6 +5,8 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use dspark_host::engine::ModelTokenizer;
+use dspark_host::engine::gguf::GgufFile;
 use dspark_tests::http::{self, get, post_json};
 use dspark_tests::server::Server;
 use dspark_tests::{qwen25, smollm2};
@@ -293,6 +295,7 @@ fn the_classic_path_and_a_client_that_disconnects() {
     assert!(jsonschema::is_valid(&schema, &serde_json::from_str(content(&r)).unwrap()));
     assert_eq!(metric(addr, &format!("dspark_fast_forward_tokens_total{{model_name=\"{MODEL}\"}}")), 0.0);
     assert_eq!(get(addr, "/v1/models").json()["data"][0]["dspark"]["dspark"], false);
+    assert_bias_picks_the_choice(addr);
 
     let body = chat(json!({"stream": true, "max_tokens": 400, "ignore_eos": true}));
     let mut stream = http::open(
@@ -744,4 +747,80 @@ fn constrained_chunks_make_room_for_an_unconstrained_neighbour() {
     assert_eq!(answers[0], answers[1], "the unconstrained answer is the same beside either");
     assert!(cut("guarded") > 0.0, "the default cut the chunks beside the unconstrained request");
     assert_eq!(cut("open"), 0.0, "without the limit nothing is cut");
+}
+
+#[test]
+fn logit_bias_steers_and_bans_tokens_with_and_without_a_constraint() {
+    let server = start(&[]);
+    let addr = server.addr;
+    let (tokenizer, vocab) = smollm2_tokenizer();
+    let one_token = |text: &str| one_token(&tokenizer, text);
+    let complete = |extra: Value| {
+        let mut body = json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 3, "temperature": 0, "logprobs": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = post_json(addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let first_token = |r: &Value| r["choices"][0]["logprobs"]["tokens"][0].as_str().unwrap().to_string();
+
+    // Banning every id that spells the greedy answer's first token makes greedy take another.
+    let top = first_token(&complete(json!({})));
+    let banned: serde_json::Map<String, Value> =
+        (0..vocab).filter(|&id| tokenizer.token_text(id) == top).map(|id| (id.to_string(), json!(-100))).collect();
+    assert!(!banned.is_empty(), "no id spells {top:?}");
+    let r = complete(json!({"logit_bias": banned}));
+    assert_ne!(first_token(&r), top, "{r}");
+
+    // +100 on an unlikely token makes it the answer, with a log-probability of about 0.
+    let banana = one_token(" banana");
+    let r = complete(json!({"logit_bias": {banana.to_string(): 100}}));
+    assert_eq!(first_token(&r), " banana", "{r}");
+    assert!(r["choices"][0]["logprobs"]["token_logprobs"][0].as_f64().unwrap() > -1e-3, "{r}");
+
+    // Under a constraint the bias picks among what the mask allows (the classic path's test
+    // checks the same), and cannot let in what the mask rules out.
+    assert_bias_picks_the_choice(addr);
+    let body = chat(json!({"guided_choice": ["yes", "no"], "logit_bias": {banana.to_string(): 100}}));
+    let answer = content(&post_json(addr, "/v1/chat/completions", &body).json()).to_string();
+    assert!(answer == "yes" || answer == "no", "{answer:?}");
+
+    let r = post_raw(addr, &chat(json!({"logit_bias": {vocab.to_string(): 1}})));
+    assert_error(
+        &r,
+        400,
+        Some("logit_bias"),
+        &format!("names token {vocab}, outside the vocabulary (ids 0 to {})", vocab - 1),
+    );
+    let r = post_raw(addr, &chat(json!({"logit_bias": {"5": -101}})));
+    assert_error(&r, 400, Some("logit_bias"), "`logit_bias` for token 5 must be between -100 and 100, got -101");
+}
+
+/// SmolLM2's tokenizer, read from its GGUF file, and its vocabulary size.
+fn smollm2_tokenizer() -> (ModelTokenizer, u32) {
+    let path = smollm2();
+    let file = GgufFile::open(&path).unwrap();
+    let vocab = file.strings("tokenizer.ggml.tokens").unwrap().len() as u32;
+    (ModelTokenizer::load(&path, &file).unwrap(), vocab)
+}
+
+/// The id of `text`, which must be a single token.
+fn one_token(tokenizer: &ModelTokenizer, text: &str) -> u32 {
+    let ids = tokenizer.encode(text).unwrap();
+    assert_eq!(ids.len(), 1, "{text:?} should be one token: {ids:?}");
+    ids[0]
+}
+
+/// With a choice of `yes` or `no`, +100 on either's token makes it the answer.
+fn assert_bias_picks_the_choice(addr: std::net::SocketAddr) {
+    let (tokenizer, _) = smollm2_tokenizer();
+    for answer in ["yes", "no"] {
+        let bias = json!({one_token(&tokenizer, answer).to_string(): 100});
+        let body = chat(json!({"guided_choice": ["yes", "no"], "logit_bias": bias}));
+        let r = post_json(addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(content(&r.json()), answer, "{}", r.body);
+    }
 }

@@ -1,6 +1,7 @@
 //! Sampling one token from a row of logits.
 //!
-//! The order of operations is vLLM's: penalties on the raw logits, then the constraint mask
+//! The order of operations is vLLM's v1 sampler's and llama.cpp's: `logit_bias` added to the
+//! raw logits, then penalties, then the constraint mask
 //! (disallowed tokens get `-inf`), then — for log-probabilities — a log-softmax of those
 //! processed logits, then temperature, top-k, min-p and top-p, and a draw from a per-request
 //! random stream. `temperature == 0` is greedy (ties go to the lowest id).
@@ -41,6 +42,9 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Return this many alternatives with their log-probabilities (`None`: no logprobs).
     pub logprobs: Option<usize>,
+    /// OpenAI's `logit_bias`: added to a token's logit before anything else, sorted by
+    /// token id, one entry per token, each bias in [-100, 100] ([`LogitBias::new`]).
+    pub logit_bias: LogitBias,
 }
 
 impl Default for SamplingParams {
@@ -55,6 +59,84 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             logprobs: None,
+            logit_bias: LogitBias::default(),
+        }
+    }
+}
+
+/// The most a `logit_bias` entry may add or take away (OpenAI's range). A bias is finite, so
+/// it steers sampling but never overrides a constraint: a token the mask rules out stays out,
+/// and a token the mask alone allows is taken whatever its bias, as a forced span is.
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
+
+/// Biases added to chosen tokens' logits (OpenAI's `logit_bias`), sorted by token id with one
+/// entry per token, every bias finite and within [`MAX_LOGIT_BIAS`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LogitBias(Vec<(u32, f32)>);
+
+/// Why a `logit_bias` map is rejected.
+#[derive(Debug, Error, PartialEq)]
+pub enum LogitBiasError {
+    /// A token id at or past the vocabulary's end.
+    #[error("`logit_bias` names token {token}, outside the vocabulary (ids 0 to {})", vocab - 1)]
+    OutOfVocabulary {
+        /// The token id given.
+        token: u32,
+        /// The model's vocabulary size.
+        vocab: usize,
+    },
+    /// A bias that is not a finite number within the range.
+    #[error("`logit_bias` for token {token} must be between -100 and 100, got {bias}")]
+    OutOfRange {
+        /// The token the bias is for.
+        token: u32,
+        /// The bias given.
+        bias: f64,
+    },
+}
+
+impl LogitBias {
+    /// Checks `entries` against a vocabulary of `vocab` tokens and sorts them. A token named
+    /// twice keeps its last bias (as a JSON object's repeated key does).
+    pub fn new(entries: impl IntoIterator<Item = (u32, f64)>, vocab: usize) -> Result<Self, LogitBiasError> {
+        let mut biases = Vec::new();
+        for (token, bias) in entries {
+            if token as usize >= vocab {
+                return Err(LogitBiasError::OutOfVocabulary { token, vocab });
+            }
+            if !(bias.is_finite() && bias.abs() <= MAX_LOGIT_BIAS as f64) {
+                return Err(LogitBiasError::OutOfRange { token, bias });
+            }
+            biases.push((token, bias as f32));
+        }
+        // A stable sort keeps repeated tokens in order, so the last of each run wins.
+        biases.sort_by_key(|&(token, _)| token);
+        let mut unique: Vec<(u32, f32)> = Vec::with_capacity(biases.len());
+        for (token, bias) in biases {
+            match unique.last_mut() {
+                Some(last) if last.0 == token => last.1 = bias,
+                _ => unique.push((token, bias)),
+            }
+        }
+        Ok(Self(unique))
+    }
+
+    /// The biases, sorted by token id.
+    pub fn entries(&self) -> &[(u32, f32)] {
+        &self.0
+    }
+
+    /// Whether no token is biased.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Adds each bias to its token's logit (ids past the row's end are skipped).
+    fn apply(&self, logits: &mut [f32]) {
+        for &(token, bias) in &self.0 {
+            if let Some(l) = logits.get_mut(token as usize) {
+                *l += bias;
+            }
         }
     }
 }
@@ -207,6 +289,7 @@ pub fn sample(
     mask: Option<&[u32]>,
     rng: &mut Rng,
 ) -> Result<Sampled, SampleError> {
+    params.logit_bias.apply(logits);
     apply_penalties(logits, params, history);
     if let Some(mask) = mask {
         apply_mask(logits, mask);
@@ -577,6 +660,53 @@ mod tests {
         let mut logits = vec![4.0, 4.0, -1.0, 0.0];
         apply_penalties(&mut logits, &p, &history);
         assert_eq!(logits, vec![2.0, 2.0 - 0.5 - 0.5, -1.0, 0.0]);
+    }
+
+    #[test]
+    fn logit_bias_is_added_first_and_steers_greedy_and_logprobs() {
+        let bias = |entries: &[(u32, f64)]| LogitBias::new(entries.iter().copied(), 4).unwrap();
+        // +100 on the least likely token makes greedy take it; its logprob is the biased one.
+        let p = SamplingParams { logit_bias: bias(&[(2, 100.0)]), logprobs: Some(1), ..params(0.0) };
+        let mut logits = vec![4.0, 3.0, -1.0, 0.0];
+        let s = sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(0)).unwrap();
+        assert_eq!(s.token, 2);
+        assert_eq!(logits[2], 99.0);
+        assert!(s.logprob.unwrap() > -1e-6, "{s:?}");
+        // -100 on the best token hands greedy the runner-up, whatever the seed of a draw.
+        let p = SamplingParams { logit_bias: bias(&[(0, -100.0)]), ..params(1.0) };
+        for seed in 0..50 {
+            let mut logits = vec![4.0, 3.0, -1.0, 0.0];
+            let s = sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(seed)).unwrap();
+            assert_ne!(s.token, 0, "seed {seed}");
+        }
+        // The bias comes before the repetition penalty: (1 - 2) * 2 = -2, where the other
+        // order would give 1 / 2 - 2 = -1.5.
+        let p = SamplingParams { logit_bias: bias(&[(0, -2.0)]), repetition_penalty: 2.0, ..params(0.0) };
+        let mut logits = vec![1.0, -1.75, -3.0, -3.0];
+        let s = sample(&mut logits, &p, &TokenHistory::new(&[0]), None, &mut Rng::new(0)).unwrap();
+        assert_eq!(logits[0], -2.0);
+        assert_eq!(s.token, 1);
+        // A finite bias never reopens a masked token, nor closes the only allowed one.
+        let p = SamplingParams { logit_bias: bias(&[(0, 100.0), (3, -100.0)]), ..params(0.0) };
+        let mut logits = vec![4.0, 3.0, -1.0, 0.0];
+        let s = sample(&mut logits, &p, &TokenHistory::default(), Some(&[0b1000]), &mut Rng::new(0)).unwrap();
+        assert_eq!(s.token, 3);
+    }
+
+    #[test]
+    fn logit_bias_maps_are_checked_sorted_and_deduplicated() {
+        let b = LogitBias::new([(3, 1.0), (1, -5.0), (3, 2.5)], 4).unwrap();
+        assert_eq!(b.entries(), &[(1, -5.0), (3, 2.5)]);
+        assert_eq!(
+            LogitBias::new([(4, 1.0)], 4).unwrap_err().to_string(),
+            "`logit_bias` names token 4, outside the vocabulary (ids 0 to 3)"
+        );
+        assert_eq!(
+            LogitBias::new([(2, 100.5)], 4).unwrap_err().to_string(),
+            "`logit_bias` for token 2 must be between -100 and 100, got 100.5"
+        );
+        assert!(LogitBias::new([(2, f64::NAN)], 4).is_err());
+        assert!(LogitBias::new([(0, -100.0), (1, 100.0)], 4).is_ok());
     }
 
     #[test]

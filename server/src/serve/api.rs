@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use dspark_host::engine::SamplingParams;
-use dspark_host::engine::sampler::MAX_TOP_LOGPROBS;
+use dspark_host::engine::sampler::{LogitBias, MAX_TOP_LOGPROBS};
 
 use super::error::ApiError;
 
@@ -89,6 +89,8 @@ pub struct Sampling {
     pub frequency_penalty: Option<f32>,
     /// vLLM repetition penalty.
     pub repetition_penalty: Option<f32>,
+    /// OpenAI: token id (a string) to a bias in [-100, 100] added to its logit.
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// vLLM: do not stop at EOS.
     #[serde(default)]
     pub ignore_eos: bool,
@@ -191,8 +193,14 @@ pub const MAX_STOPS: usize = 16;
 
 impl Sampling {
     /// Checks ranges and resolves defaults. `logprobs` is the number of alternatives when
-    /// log-probabilities are wanted.
-    pub fn resolve(&self, logprobs: Option<u32>, defaults: &SamplingDefaults) -> Result<Resolved, ApiError> {
+    /// log-probabilities are wanted; `vocab` is the model's vocabulary size (for
+    /// `logit_bias`).
+    pub fn resolve(
+        &self,
+        logprobs: Option<u32>,
+        defaults: &SamplingDefaults,
+        vocab: usize,
+    ) -> Result<Resolved, ApiError> {
         let max_tokens = match (self.max_completion_tokens, self.max_tokens, defaults.max_tokens) {
             (Some(m), _, _) => Some(("max_completion_tokens", m)),
             (None, Some(m), _) => Some(("max_tokens", m)),
@@ -231,6 +239,7 @@ impl Sampling {
         if top_k < -1 {
             return Err(ApiError::invalid("top_k", format!("`top_k` must be -1, 0 or positive, got {top_k}")));
         }
+        let logit_bias = self.logit_bias(vocab)?;
         let sampling = SamplingParams {
             temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
             top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
@@ -241,6 +250,7 @@ impl Sampling {
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             repetition_penalty: self.repetition_penalty.or(defaults.repetition_penalty).unwrap_or(1.0),
             logprobs: logprobs.map(|k| k as usize),
+            logit_bias,
         };
         sampling.validate().map_err(|e| {
             let dspark_host::engine::sampler::ParamError::OutOfRange { name, .. } = &e;
@@ -256,6 +266,28 @@ impl Sampling {
             ignore_eos: self.ignore_eos,
             stop_token_ids: self.stop_token_ids.clone(),
         })
+    }
+}
+
+impl Sampling {
+    /// `logit_bias` as OpenAI takes it: an object from token ids, written as strings of
+    /// digits, to numbers in [-100, 100]; ids must be in the model's vocabulary. (llama.cpp
+    /// also takes text keys and `false`; vLLM and OpenAI do not, and neither does dspark.)
+    fn logit_bias(&self, vocab: usize) -> Result<LogitBias, ApiError> {
+        let invalid = |message: String| ApiError::invalid("logit_bias", message);
+        let Some(map) = &self.logit_bias else { return Ok(LogitBias::default()) };
+        let mut entries = Vec::with_capacity(map.len());
+        for (key, value) in map {
+            let token =
+                key.parse::<u32>().ok().filter(|_| key.bytes().all(|b| b.is_ascii_digit())).ok_or_else(|| {
+                    invalid(format!("`logit_bias` keys must be token ids (digits, as strings), got {key:?}"))
+                })?;
+            let bias = value
+                .as_f64()
+                .ok_or_else(|| invalid(format!("`logit_bias` for token {token} must be a number, got {value}")))?;
+            entries.push((token, bias));
+        }
+        LogitBias::new(entries, vocab).map_err(|e| invalid(e.to_string()))
     }
 }
 
@@ -282,11 +314,37 @@ mod tests {
     #[test]
     fn ranges_are_checked() {
         let (_, sampling) = parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "top_p": 1.5}"#).unwrap();
-        let err = sampling.resolve(None, &SamplingDefaults::default()).unwrap_err();
+        let err = sampling.resolve(None, &SamplingDefaults::default(), 100).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("top_p"));
         assert_eq!(err.message, "`top_p` must be in (0, 1], got 1.5");
         let (_, sampling) = parse_body::<ChatRequest>(br#"{"model": "m", "messages": [], "max_tokens": 0}"#).unwrap();
-        let err = sampling.resolve(None, &SamplingDefaults::default()).unwrap_err();
+        let err = sampling.resolve(None, &SamplingDefaults::default(), 100).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("max_tokens"));
+    }
+
+    #[test]
+    fn logit_bias_takes_token_ids_within_the_vocabulary() {
+        let resolve = |bias: &str| {
+            let body = format!(r#"{{"model": "m", "messages": [], "logit_bias": {bias}}}"#);
+            let (_, sampling) = parse_body::<ChatRequest>(body.as_bytes())?;
+            sampling.resolve(None, &SamplingDefaults::default(), 100)
+        };
+        let ok = resolve(r#"{"7": -100, "3": 2.5, "0": 100}"#).unwrap();
+        assert_eq!(ok.sampling.logit_bias.entries(), &[(0, 100.0), (3, 2.5), (7, -100.0)]);
+        assert!(resolve("null").unwrap().sampling.logit_bias.is_empty());
+        let message = |bias: &str| {
+            let err = resolve(bias).unwrap_err();
+            assert_eq!((err.status.as_u16(), err.param.as_deref()), (400, Some("logit_bias")), "{bias}");
+            err.message
+        };
+        assert_eq!(message(r#"{"100": 1}"#), "`logit_bias` names token 100, outside the vocabulary (ids 0 to 99)");
+        assert_eq!(message(r#"{"5": 101}"#), "`logit_bias` for token 5 must be between -100 and 100, got 101");
+        assert_eq!(message(r#"{"5": "up"}"#), "`logit_bias` for token 5 must be a number, got \"up\"");
+        assert_eq!(
+            message(r#"{"hello": 1}"#),
+            "`logit_bias` keys must be token ids (digits, as strings), got \"hello\""
+        );
+        assert_eq!(message(r#"{"+5": 1}"#), "`logit_bias` keys must be token ids (digits, as strings), got \"+5\"");
+        assert!(message("[1, 2]").starts_with("`logit_bias`: invalid type"));
     }
 }

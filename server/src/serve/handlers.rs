@@ -287,7 +287,7 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
     let (request, sampling): (ChatRequest, _) = parse_body(&body)?;
     let served = state.models.get(&request.model)?;
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
-    let resolved = sampling.resolve(logprobs, &served.entry.config.sampling)?;
+    let resolved = sampling.resolve(logprobs, &served.entry.config.sampling, served.worker.vocab_size)?;
     let mut spec = constraint::from_request(&sampling)?;
     let tool_plan = match tools::plan(
         &served,
@@ -546,7 +546,7 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
     if request.suffix.is_some() {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
-    let resolved = sampling.resolve(request.logprobs, &served.entry.config.sampling)?;
+    let resolved = sampling.resolve(request.logprobs, &served.entry.config.sampling, served.worker.vocab_size)?;
     let spec = constraint::from_request(&sampling)?;
     let prompts = completion_prompts(&served, &request.prompt)?;
     let id = request_id("cmpl");
