@@ -267,9 +267,7 @@ impl Sampling {
             stop_token_ids: self.stop_token_ids.clone(),
         })
     }
-}
 
-impl Sampling {
     /// `logit_bias` as OpenAI takes it: an object from token ids, written as strings of
     /// digits, to numbers in [-100, 100]; ids must be in the model's vocabulary. (llama.cpp
     /// also takes text keys and `false`; vLLM and OpenAI do not, and neither does dspark.)
@@ -278,10 +276,11 @@ impl Sampling {
         let Some(map) = &self.logit_bias else { return Ok(LogitBias::default()) };
         let mut entries = Vec::with_capacity(map.len());
         for (key, value) in map {
-            let token =
-                key.parse::<u32>().ok().filter(|_| key.bytes().all(|b| b.is_ascii_digit())).ok_or_else(|| {
-                    invalid(format!("`logit_bias` keys must be token ids (digits, as strings), got {key:?}"))
-                })?;
+            // Digits only: `parse` alone would take "+5".
+            let digits = key.bytes().all(|b| b.is_ascii_digit());
+            let token = key.parse::<u32>().ok().filter(|_| digits).ok_or_else(|| {
+                invalid(format!("`logit_bias` keys must be token ids (digits, as strings), got {key:?}"))
+            })?;
             let bias = value
                 .as_f64()
                 .ok_or_else(|| invalid(format!("`logit_bias` for token {token} must be a number, got {value}")))?;
