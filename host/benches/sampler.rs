@@ -52,7 +52,7 @@ fn main() {
         let mut row = logits.to_vec();
         let (median, min) = median_secs(2000, || {
             row.copy_from_slice(logits);
-            std::hint::black_box(sample(&mut row, params, &history, mask, &mut rng).ok());
+            std::hint::black_box(sample(&mut row, params, &history, mask, &[], &mut rng).ok());
         });
         println!("{name:<34} {:>10.1} {:>10.1}", median * 1e6, min * 1e6);
     }

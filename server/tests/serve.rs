@@ -296,6 +296,7 @@ fn the_classic_path_and_a_client_that_disconnects() {
     assert_eq!(metric(addr, &format!("dspark_fast_forward_tokens_total{{model_name=\"{MODEL}\"}}")), 0.0);
     assert_eq!(get(addr, "/v1/models").json()["data"][0]["dspark"]["dspark"], false);
     assert_bias_picks_the_choice(addr);
+    assert_narrowing_yields_to_the_choice(addr);
 
     let body = chat(json!({"stream": true, "max_tokens": 400, "ignore_eos": true}));
     let mut stream = http::open(
@@ -796,6 +797,105 @@ fn logit_bias_steers_and_bans_tokens_with_and_without_a_constraint() {
     );
     let r = post_raw(addr, &chat(json!({"logit_bias": {"5": -101}})));
     assert_error(&r, 400, Some("logit_bias"), "`logit_bias` for token 5 must be between -100 and 100, got -101");
+}
+
+#[test]
+fn min_tokens_allowed_token_ids_and_included_stop_strings() {
+    let server = start(&[]);
+    let addr = server.addr;
+    let (tokenizer, vocab) = smollm2_tokenizer();
+    let ask = |extra: Value| {
+        let mut body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Reply with the single word: yes"}], "temperature": 0, "max_tokens": 60});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = post_json(addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let tokens = |r: &Value| r["usage"]["completion_tokens"].as_u64().unwrap();
+
+    // The short greedy answer ends at EOS; with `min_tokens` EOS waits, and a stop string
+    // met within the first `min_tokens` tokens does not end the answer.
+    let short = ask(json!({}));
+    let answer = content(&short).to_string();
+    assert_eq!(short["choices"][0]["finish_reason"], "stop", "{short}");
+    let least = tokens(&short) + 10;
+    let first_word = answer.split_whitespace().next().unwrap().to_string();
+    let long = ask(json!({"min_tokens": least, "max_tokens": least + 20}));
+    assert!(tokens(&long) >= least, "{long}");
+    assert!(content(&long).starts_with(&answer), "{long}");
+    let cut = ask(json!({"stop": [first_word]}));
+    assert_eq!(content(&cut), &answer[..answer.find(&first_word).unwrap()], "{cut}");
+    let kept = ask(json!({"stop": [first_word], "min_tokens": 4}));
+    assert!(content(&kept).starts_with(&first_word), "{kept}");
+
+    // `include_stop_str_in_output` keeps the stop string that ended the text.
+    let complete = |extra: Value| {
+        let mut body =
+            json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = post_json(addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let text = complete(json!({}));
+    let word = text.split_whitespace().nth(1).unwrap_or_else(|| panic!("{text:?}")).to_string();
+    let at = text.find(&word).unwrap();
+    assert_eq!(complete(json!({"stop": [word]})), &text[..at]);
+    assert_eq!(complete(json!({"stop": [word], "include_stop_str_in_output": true})), &text[..at + word.len()]);
+
+    // `allowed_token_ids`: every sampled token is one of them.
+    let (banana, apple) = (one_token(&tokenizer, " banana"), one_token(&tokenizer, " apple"));
+    let r = post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0.8, "seed": 3, "logprobs": 1, "allowed_token_ids": [banana, apple]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = r.json();
+    let sampled = r["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+    assert_eq!(sampled.len(), 6, "{r}");
+    assert!(sampled.iter().all(|t| t == " banana" || t == " apple"), "{r}");
+    assert_narrowing_yields_to_the_choice(addr);
+
+    let r = post_raw(addr, &chat(json!({"min_tokens": 50, "max_tokens": 10})));
+    assert_error(&r, 400, Some("min_tokens"), "`min_tokens` (50) must not exceed `max_tokens` (10)");
+    let r = post_raw(addr, &chat(json!({"allowed_token_ids": [1, vocab]})));
+    assert_error(
+        &r,
+        400,
+        Some("allowed_token_ids"),
+        &format!("`allowed_token_ids` names token {vocab}, outside the vocabulary (ids 0 to {})", vocab - 1),
+    );
+    let r = post_raw(addr, &chat(json!({"allowed_token_ids": []})));
+    assert_error(&r, 400, Some("allowed_token_ids"), "`allowed_token_ids` must name at least one token");
+}
+
+/// Under a choice of `yes` or `no`: `allowed_token_ids` picks within it; an `allowed_token_ids`
+/// outside it, or a `min_tokens` past its end, yields to the constraint.
+fn assert_narrowing_yields_to_the_choice(addr: std::net::SocketAddr) {
+    let (tokenizer, _) = smollm2_tokenizer();
+    let answer = |extra: Value| {
+        let mut body = chat(json!({"guided_choice": ["yes", "no"]}));
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = post_json(addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let r = r.json();
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+        content(&r).to_string()
+    };
+    for choice in ["yes", "no"] {
+        assert_eq!(answer(json!({"allowed_token_ids": [one_token(&tokenizer, choice)]})), choice);
+    }
+    let outside = answer(json!({"allowed_token_ids": [one_token(&tokenizer, " banana")]}));
+    assert!(outside == "yes" || outside == "no", "{outside:?}");
+    let early = answer(json!({"min_tokens": 20}));
+    assert!(early == "yes" || early == "no", "{early:?}");
 }
 
 /// SmolLM2's tokenizer, read from its GGUF file, and its vocabulary size.

@@ -3,9 +3,14 @@
 //! Token bytes arrive one token at a time; a UTF-8 character may be split across tokens, so
 //! bytes wait until they form whole characters (invalid bytes become U+FFFD). Stop strings are
 //! searched in the text as it grows; the text is cut where the first one starts, and that
-//! string is not part of the output (OpenAI's behaviour). A streaming delta holds back any
-//! tail that could still become a stop string, so a client never sees text that is later
-//! taken back.
+//! string is not part of the output (OpenAI's behaviour) unless vLLM's
+//! `include_stop_str_in_output` asks for it, when the text ends with it. A streaming delta
+//! holds back any tail that could still become a stop string, so a client never sees text that
+//! is later taken back.
+//!
+//! Bytes pushed with [`OutputText::push_unwatched`] (the tokens before a request's
+//! `min_tokens`) are not searched; a stop string is found when the token that completes it is
+//! pushed with [`OutputText::push`], even if it began in unwatched text (vLLM's rule).
 
 /// The growing text of one sequence.
 #[derive(Debug, Default)]
@@ -14,21 +19,37 @@ pub struct OutputText {
     text: String,
     emitted: usize,
     stops: Vec<String>,
+    include_stop: bool,
     stopped: bool,
 }
 
 impl OutputText {
-    /// Empty text watching for `stops` (empty strings are ignored).
-    pub fn new(stops: Vec<String>) -> Self {
-        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), ..Self::default() }
+    /// Empty text watching for `stops` (empty strings are ignored); with `include_stop`, the
+    /// text keeps the stop string that ends it.
+    pub fn new(stops: Vec<String>, include_stop: bool) -> Self {
+        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), include_stop, ..Self::default() }
     }
 
     /// Appends a token's bytes. Returns `true` when a stop string has appeared; the text then
-    /// ends before it and later bytes are ignored.
+    /// ends before it (or with it, under `include_stop`) and later bytes are ignored.
     pub fn push(&mut self, bytes: &[u8]) -> bool {
         if self.stopped {
             return true;
         }
+        let before = self.append(bytes);
+        self.find_stop(before)
+    }
+
+    /// Appends a token's bytes without looking for stop strings in them.
+    pub fn push_unwatched(&mut self, bytes: &[u8]) {
+        if !self.stopped {
+            self.append(bytes);
+        }
+    }
+
+    /// Appends bytes, keeping an unfinished UTF-8 character pending; returns the text's
+    /// length before.
+    fn append(&mut self, bytes: &[u8]) -> usize {
         self.pending.extend_from_slice(bytes);
         let before = self.text.len();
         loop {
@@ -55,7 +76,7 @@ impl OutputText {
                 }
             }
         }
-        self.find_stop(before)
+        before
     }
 
     fn find_stop(&mut self, before: usize) -> bool {
@@ -64,9 +85,14 @@ impl OutputText {
         while !self.text.is_char_boundary(from) {
             from -= 1;
         }
-        let hit = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i)).min();
-        if let Some(at) = hit {
-            self.text.truncate(at);
+        // The earliest start wins; at one start, the first stop string listed.
+        let hit = self
+            .stops
+            .iter()
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s.len())))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, len)) = hit {
+            self.text.truncate(if self.include_stop { at + len } else { at });
             self.pending.clear();
             self.stopped = true;
         }
@@ -108,7 +134,7 @@ mod tests {
 
     #[test]
     fn characters_split_across_tokens_wait() {
-        let mut t = OutputText::new(vec![]);
+        let mut t = OutputText::new(vec![], false);
         let e_acute = "é".as_bytes();
         t.push(b"caf");
         t.push(&e_acute[..1]);
@@ -121,7 +147,7 @@ mod tests {
 
     #[test]
     fn stop_strings_across_tokens_are_cut_and_never_streamed() {
-        let mut t = OutputText::new(vec!["END".into(), "\n\n".into()]);
+        let mut t = OutputText::new(vec!["END".into(), "\n\n".into()], false);
         assert!(!t.push(b"hello E"));
         assert_eq!(t.delta(false), "hello ");
         assert!(!t.push(b"N"));
@@ -135,12 +161,34 @@ mod tests {
 
     #[test]
     fn a_false_start_is_released() {
-        let mut t = OutputText::new(vec!["END".into()]);
+        let mut t = OutputText::new(vec!["END".into()], false);
         t.push(b"the E");
         assert_eq!(t.delta(false), "the ");
         t.push(b"nd");
         assert_eq!(t.delta(false), "End");
         t.push(b" EN");
         assert_eq!(t.delta(true), " EN");
+    }
+
+    #[test]
+    fn an_included_stop_string_ends_the_text() {
+        let mut t = OutputText::new(vec!["END".into(), "ENDING".into()], true);
+        assert!(!t.push(b"hello E"));
+        assert_eq!(t.delta(false), "hello ");
+        assert!(t.push(b"NDING and more"));
+        assert_eq!(t.text(), "hello END");
+        assert_eq!(t.delta(false), "END");
+    }
+
+    #[test]
+    fn unwatched_text_is_not_searched_but_a_stop_completed_later_is_found() {
+        let mut t = OutputText::new(vec!["END".into()], false);
+        t.push_unwatched(b"an END here, E");
+        assert!(!t.stopped());
+        assert!(!t.push(b"x"));
+        assert_eq!(t.text(), "an END here, Ex");
+        t.push_unwatched(b" E");
+        assert!(t.push(b"ND tail"));
+        assert_eq!(t.text(), "an END here, Ex ");
     }
 }

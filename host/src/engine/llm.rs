@@ -185,12 +185,18 @@ pub struct GenerationRequest {
     pub sampling: SamplingParams,
     /// Most generated tokens (forced ones included); `None` runs to `max_model_len`.
     pub max_tokens: Option<usize>,
-    /// Stop strings (not included in the text).
+    /// Stop strings (not included in the text unless `include_stop_str_in_output`).
     pub stop: Vec<String>,
+    /// vLLM's `include_stop_str_in_output`: the text ends with the stop string that ended it.
+    pub include_stop_str_in_output: bool,
     /// Extra token ids that end generation.
     pub stop_token_ids: Vec<u32>,
     /// Keep going past EOS.
     pub ignore_eos: bool,
+    /// vLLM's `min_tokens`: until this many tokens are generated, EOS and `stop_token_ids`
+    /// are not sampled and stop strings are not looked for. A constraint's end still ends
+    /// the output (see [`super::sampler`]).
+    pub min_tokens: usize,
     /// The output constraint, if any.
     pub constraint: Option<Box<dyn SequenceConstraint>>,
 }
@@ -203,8 +209,10 @@ impl GenerationRequest {
             sampling: SamplingParams::default(),
             max_tokens: None,
             stop: Vec::new(),
+            include_stop_str_in_output: false,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            min_tokens: 0,
             constraint: None,
         }
     }
@@ -233,6 +241,14 @@ pub enum RequestError {
     /// `max_tokens` is 0.
     #[error("`max_tokens` must be at least 1")]
     ZeroMaxTokens,
+    /// `min_tokens` is above `max_tokens`.
+    #[error("`min_tokens` ({min_tokens}) must not exceed `max_tokens` ({max_tokens})")]
+    MinAboveMax {
+        /// The `min_tokens` given.
+        min_tokens: usize,
+        /// The `max_tokens` given.
+        max_tokens: usize,
+    },
     /// The constraint failed before generation.
     #[error("the constraint failed to start: {0}")]
     Constraint(String),
@@ -323,6 +339,10 @@ struct RequestState {
     max_tokens: usize,
     stop_token_ids: Vec<u32>,
     ignore_eos: bool,
+    min_tokens: usize,
+    /// The tokens that would end the sequence (EOS unless ignored, `stop_token_ids`), kept
+    /// from sampling while fewer than `min_tokens` are generated; empty when `min_tokens` is 0.
+    ending_tokens: Vec<u32>,
     constraint: Option<Box<dyn SequenceConstraint>>,
     text: OutputText,
     generated: usize,
@@ -503,8 +523,17 @@ impl<B: Backend> LlmEngine<B> {
 
     /// Queues a request and returns its id.
     pub fn add_request(&mut self, request: GenerationRequest) -> Result<SeqId, RequestError> {
-        let GenerationRequest { prompt, sampling, max_tokens, stop, stop_token_ids, ignore_eos, mut constraint } =
-            request;
+        let GenerationRequest {
+            prompt,
+            sampling,
+            max_tokens,
+            stop,
+            include_stop_str_in_output,
+            stop_token_ids,
+            ignore_eos,
+            min_tokens,
+            mut constraint,
+        } = request;
         sampling.validate()?;
         if prompt.is_empty() {
             return Err(RequestError::EmptyPrompt);
@@ -515,6 +544,18 @@ impl<B: Backend> LlmEngine<B> {
         if max_tokens == Some(0) {
             return Err(RequestError::ZeroMaxTokens);
         }
+        if let Some(max_tokens) = max_tokens
+            && min_tokens > max_tokens
+        {
+            return Err(RequestError::MinAboveMax { min_tokens, max_tokens });
+        }
+        let mut ending_tokens = Vec::new();
+        if min_tokens > 0 {
+            if !ignore_eos {
+                ending_tokens.extend_from_slice(&self.tokenizer.eos);
+            }
+            ending_tokens.extend_from_slice(&stop_token_ids);
+        }
         let room = self.max_model_len - prompt.len();
         let max_tokens = max_tokens.map_or(room, |m| m.min(room));
         let mut state = RequestState {
@@ -524,8 +565,10 @@ impl<B: Backend> LlmEngine<B> {
             max_tokens,
             stop_token_ids,
             ignore_eos,
+            min_tokens,
+            ending_tokens,
             constraint: None,
-            text: OutputText::new(stop),
+            text: OutputText::new(stop, include_stop_str_in_output),
             generated: 0,
             lookup_len: self.prompt_lookup.map_or(0, |l| l.max_draft),
             lookup_hits: 0,
@@ -962,7 +1005,8 @@ impl<B: Backend> LlmEngine<B> {
             Some(Err(e)) => return Some(FinishReason::Error(format!("constraint mask failed: {e:#}"))),
             None => None,
         };
-        let sampled = match sample(logits, &state.sampling, &state.history, mask.as_deref(), &mut state.rng) {
+        let banned: &[u32] = if state.generated < state.min_tokens { &state.ending_tokens } else { &[] };
+        let sampled = match sample(logits, &state.sampling, &state.history, mask.as_deref(), banned, &mut state.rng) {
             Ok(s) => s,
             Err(e) => return Some(FinishReason::Error(e.to_string())),
         };
@@ -977,7 +1021,7 @@ impl<B: Backend> LlmEngine<B> {
             return Some(FinishReason::Stop);
         }
         self.scheduler.append(id, &[token]);
-        if !table.is_special(token) && state.text.push(table.token_bytes(token)) {
+        if !table.is_special(token) && push_text(state, table.token_bytes(token)) {
             return Some(FinishReason::Stop);
         }
         if let Some(constraint) = state.constraint.as_mut() {
@@ -1016,7 +1060,7 @@ impl<B: Backend> LlmEngine<B> {
             state.generated += 1;
             self.stats.forced_tokens += 1;
             out.push(TokenOutput { token, forced: true, logprob: None, top_logprobs: Vec::new() });
-            if !table.is_special(token) && state.text.push(table.token_bytes(token)) {
+            if !table.is_special(token) && push_text(state, table.token_bytes(token)) {
                 return Some(FinishReason::Stop);
             }
         }
@@ -1027,6 +1071,18 @@ impl<B: Backend> LlmEngine<B> {
             return Some(FinishReason::Length);
         }
         None
+    }
+}
+
+/// Appends a generated token's bytes to the sequence's text; says whether a stop string
+/// ended it. Stop strings count only from the token after the first `min_tokens` (vLLM's
+/// rule).
+fn push_text(state: &mut RequestState, bytes: &[u8]) -> bool {
+    if state.generated > state.min_tokens {
+        state.text.push(bytes)
+    } else {
+        state.text.push_unwatched(bytes);
+        false
     }
 }
 

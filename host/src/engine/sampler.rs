@@ -2,9 +2,16 @@
 //!
 //! The order of operations is vLLM's v1 sampler's and llama.cpp's: `logit_bias` added to the
 //! raw logits, then penalties, then the constraint mask
-//! (disallowed tokens get `-inf`), then — for log-probabilities — a log-softmax of those
+//! (disallowed tokens get `-inf`), then vLLM's `allowed_token_ids` and the tokens a request
+//! may not end with yet (`min_tokens`), then — for log-probabilities — a log-softmax of those
 //! processed logits, then temperature, top-k, min-p and top-p, and a draw from a per-request
 //! random stream. `temperature == 0` is greedy (ties go to the lowest id).
+//!
+//! `allowed_token_ids` and the `min_tokens` ban narrow what the constraint allows; where a
+//! narrowing would leave no token, it is not applied and the constraint alone decides (vLLM
+//! would sample from a row of `-inf` there). So a constraint's end or its only possible token
+//! is taken in the classic path exactly as DSpark takes it without sampling (a forced span or
+//! the constraint's stop), and both paths give the same output.
 //!
 //! Penalties follow the OpenAI and vLLM definitions: `presence_penalty` subtracts a constant
 //! from every token generated so far, `frequency_penalty` subtracts it once per occurrence,
@@ -45,6 +52,8 @@ pub struct SamplingParams {
     /// OpenAI's `logit_bias`: added to a token's logit before anything else, sorted by
     /// token id, one entry per token, each bias in [-100, 100] ([`LogitBias::new`]).
     pub logit_bias: LogitBias,
+    /// vLLM's `allowed_token_ids`: the only tokens sampling may choose (`None`: all).
+    pub allowed_tokens: Option<AllowedTokens>,
 }
 
 impl Default for SamplingParams {
@@ -60,6 +69,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             logprobs: None,
             logit_bias: LogitBias::default(),
+            allowed_tokens: None,
         }
     }
 }
@@ -137,6 +147,82 @@ impl LogitBias {
             if let Some(l) = logits.get_mut(token as usize) {
                 *l += bias;
             }
+        }
+    }
+}
+
+/// vLLM's `allowed_token_ids`: the tokens sampling may choose from, sorted and unique, at
+/// least one, all within the vocabulary ([`AllowedTokens::new`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllowedTokens(Vec<u32>);
+
+/// Why an `allowed_token_ids` list is rejected.
+#[derive(Debug, Error, PartialEq)]
+pub enum AllowedTokensError {
+    /// The list is empty: nothing could be sampled.
+    #[error("`allowed_token_ids` must name at least one token")]
+    Empty,
+    /// A token id at or past the vocabulary's end.
+    #[error("`allowed_token_ids` names token {token}, outside the vocabulary (ids 0 to {})", vocab - 1)]
+    OutOfVocabulary {
+        /// The token id given.
+        token: u32,
+        /// The model's vocabulary size.
+        vocab: usize,
+    },
+}
+
+impl AllowedTokens {
+    /// Checks `ids` against a vocabulary of `vocab` tokens; repeats are dropped.
+    pub fn new(ids: impl IntoIterator<Item = u32>, vocab: usize) -> Result<Self, AllowedTokensError> {
+        let mut ids: Vec<u32> = ids.into_iter().collect();
+        if let Some(&token) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(AllowedTokensError::OutOfVocabulary { token, vocab });
+        }
+        if ids.is_empty() {
+            return Err(AllowedTokensError::Empty);
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(Self(ids))
+    }
+
+    /// The allowed ids, sorted.
+    pub fn ids(&self) -> &[u32] {
+        &self.0
+    }
+
+    /// Rules out every other token, unless none of these has a finite logit (then nothing
+    /// changes: see the module docs).
+    fn narrow(&self, logits: &mut [f32]) {
+        if !self.0.iter().any(|&t| logits.get(t as usize).is_some_and(|l| l.is_finite())) {
+            return;
+        }
+        let mut next = self.0.iter().copied().peekable();
+        for (i, l) in logits.iter_mut().enumerate() {
+            if next.peek() == Some(&(i as u32)) {
+                next.next();
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// Rules out `banned` (the tokens a request may not end with before `min_tokens`), unless
+/// that would leave no token (then nothing changes: see the module docs).
+fn ban(logits: &mut [f32], banned: &[u32]) {
+    if banned.is_empty() {
+        return;
+    }
+    let saved: Vec<(usize, f32)> =
+        banned.iter().filter_map(|&t| logits.get(t as usize).map(|&l| (t as usize, l))).collect();
+    for &(t, _) in &saved {
+        logits[t] = f32::NEG_INFINITY;
+    }
+    if argmax(logits).is_none() {
+        for (t, l) in saved {
+            logits[t] = l;
         }
     }
 }
@@ -281,12 +367,14 @@ pub fn mask_allows(mask: &[u32], token: usize) -> bool {
     mask.get(token / 32).is_some_and(|w| w >> (token % 32) & 1 == 1)
 }
 
-/// Samples from `logits` (modified in place by penalties and the mask).
+/// Samples from `logits` (modified in place by penalties and the mask). `banned` are the
+/// tokens that would end the request before its `min_tokens` (empty once it may end).
 pub fn sample(
     logits: &mut [f32],
     params: &SamplingParams,
     history: &TokenHistory,
     mask: Option<&[u32]>,
+    banned: &[u32],
     rng: &mut Rng,
 ) -> Result<Sampled, SampleError> {
     params.logit_bias.apply(logits);
@@ -294,6 +382,10 @@ pub fn sample(
     if let Some(mask) = mask {
         apply_mask(logits, mask);
     }
+    if let Some(allowed) = &params.allowed_tokens {
+        allowed.narrow(logits);
+    }
+    ban(logits, banned);
     let best = argmax(logits).ok_or(SampleError::NothingAllowed)?;
     let token = if params.is_greedy() { best } else { draw(logits, params, rng, best) };
     let (logprob, top) = match params.logprobs {
@@ -592,7 +684,7 @@ mod tests {
     #[test]
     fn greedy_takes_the_lowest_best_id() {
         let mut logits = vec![1.0, 3.0, 3.0, 2.0];
-        let s = sample(&mut logits, &params(0.0), &TokenHistory::default(), None, &mut Rng::new(1)).unwrap();
+        let s = sample(&mut logits, &params(0.0), &TokenHistory::default(), None, &[], &mut Rng::new(1)).unwrap();
         assert_eq!(s.token, 1);
     }
 
@@ -601,14 +693,14 @@ mod tests {
         let mask = [0b1001u32];
         for seed in 0..50 {
             let mut logits = vec![0.0, 10.0, 10.0, 0.5];
-            let s =
-                sample(&mut logits, &params(1.0), &TokenHistory::default(), Some(&mask), &mut Rng::new(seed)).unwrap();
+            let s = sample(&mut logits, &params(1.0), &TokenHistory::default(), Some(&mask), &[], &mut Rng::new(seed))
+                .unwrap();
             assert!(s.token == 0 || s.token == 3, "{s:?}");
         }
         let mut logits = vec![0.0; 4];
         let none = [0u32];
         assert_eq!(
-            sample(&mut logits, &params(0.0), &TokenHistory::default(), Some(&none), &mut Rng::new(0)),
+            sample(&mut logits, &params(0.0), &TokenHistory::default(), Some(&none), &[], &mut Rng::new(0)),
             Err(SampleError::NothingAllowed)
         );
     }
@@ -620,7 +712,7 @@ mod tests {
             (0..32)
                 .map(|_| {
                     let mut logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
-                    sample(&mut logits, &params(1.0), &TokenHistory::default(), None, &mut rng).unwrap().token
+                    sample(&mut logits, &params(1.0), &TokenHistory::default(), None, &[], &mut rng).unwrap().token
                 })
                 .collect::<Vec<_>>()
         };
@@ -633,19 +725,22 @@ mod tests {
         let p = SamplingParams { top_k: 2, ..params(1.0) };
         for seed in 0..100 {
             let mut logits = vec![5.0, 4.9, 1.0, 4.8];
-            let s = sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(seed)).unwrap();
+            let s = sample(&mut logits, &p, &TokenHistory::default(), None, &[], &mut Rng::new(seed)).unwrap();
             assert!(s.token == 0 || s.token == 1);
         }
         // Probabilities ~ [0.66, 0.24, 0.09, ...]: top_p 0.5 keeps only the first.
         let p = SamplingParams { top_p: 0.5, ..params(1.0) };
         for seed in 0..100 {
             let mut logits = vec![3.0, 2.0, 1.0, 0.0];
-            assert_eq!(sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(seed)).unwrap().token, 0);
+            assert_eq!(
+                sample(&mut logits, &p, &TokenHistory::default(), None, &[], &mut Rng::new(seed)).unwrap().token,
+                0
+            );
         }
         let p = SamplingParams { min_p: 0.5, ..params(1.0) };
         for seed in 0..100 {
             let mut logits = vec![3.0, 2.9, 1.0, 0.0];
-            let t = sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(seed)).unwrap().token;
+            let t = sample(&mut logits, &p, &TokenHistory::default(), None, &[], &mut Rng::new(seed)).unwrap().token;
             assert!(t <= 1);
         }
     }
@@ -668,7 +763,7 @@ mod tests {
         // +100 on the least likely token makes greedy take it; its logprob is the biased one.
         let p = SamplingParams { logit_bias: bias(&[(2, 100.0)]), logprobs: Some(1), ..params(0.0) };
         let mut logits = vec![4.0, 3.0, -1.0, 0.0];
-        let s = sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(0)).unwrap();
+        let s = sample(&mut logits, &p, &TokenHistory::default(), None, &[], &mut Rng::new(0)).unwrap();
         assert_eq!(s.token, 2);
         assert_eq!(logits[2], 99.0);
         assert!(s.logprob.unwrap() > -1e-6, "{s:?}");
@@ -676,20 +771,20 @@ mod tests {
         let p = SamplingParams { logit_bias: bias(&[(0, -100.0)]), ..params(1.0) };
         for seed in 0..50 {
             let mut logits = vec![4.0, 3.0, -1.0, 0.0];
-            let s = sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(seed)).unwrap();
+            let s = sample(&mut logits, &p, &TokenHistory::default(), None, &[], &mut Rng::new(seed)).unwrap();
             assert_ne!(s.token, 0, "seed {seed}");
         }
         // The bias comes before the repetition penalty: (1 - 2) * 2 = -2, where the other
         // order would give 1 / 2 - 2 = -1.5.
         let p = SamplingParams { logit_bias: bias(&[(0, -2.0)]), repetition_penalty: 2.0, ..params(0.0) };
         let mut logits = vec![1.0, -1.75, -3.0, -3.0];
-        let s = sample(&mut logits, &p, &TokenHistory::new(&[0]), None, &mut Rng::new(0)).unwrap();
+        let s = sample(&mut logits, &p, &TokenHistory::new(&[0]), None, &[], &mut Rng::new(0)).unwrap();
         assert_eq!(logits[0], -2.0);
         assert_eq!(s.token, 1);
         // A finite bias never reopens a masked token, nor closes the only allowed one.
         let p = SamplingParams { logit_bias: bias(&[(0, 100.0), (3, -100.0)]), ..params(0.0) };
         let mut logits = vec![4.0, 3.0, -1.0, 0.0];
-        let s = sample(&mut logits, &p, &TokenHistory::default(), Some(&[0b1000]), &mut Rng::new(0)).unwrap();
+        let s = sample(&mut logits, &p, &TokenHistory::default(), Some(&[0b1000]), &[], &mut Rng::new(0)).unwrap();
         assert_eq!(s.token, 3);
     }
 
@@ -710,10 +805,68 @@ mod tests {
     }
 
     #[test]
+    fn allowed_tokens_narrow_sampling_and_yield_to_the_mask() {
+        let allowed = |ids: &[u32]| Some(AllowedTokens::new(ids.iter().copied(), 6).unwrap());
+        let greedy = |p: &SamplingParams, mask: Option<&[u32]>| {
+            let mut logits = vec![5.0, 4.0, 3.0, 2.0, 1.0, 0.0];
+            let s = sample(&mut logits, p, &TokenHistory::default(), mask, &[], &mut Rng::new(0)).unwrap();
+            (s.token, logits)
+        };
+        let p = SamplingParams { allowed_tokens: allowed(&[4, 2]), ..params(0.0) };
+        let (token, logits) = greedy(&p, None);
+        assert_eq!(token, 2);
+        let ninf = f32::NEG_INFINITY;
+        assert_eq!(logits, vec![ninf, ninf, 3.0, ninf, 1.0, ninf]);
+        // With a mask: the intersection.
+        assert_eq!(greedy(&p, Some(&[0b01_0011])).0, 4);
+        // An empty intersection leaves the mask alone to decide.
+        assert_eq!(greedy(&p, Some(&[0b00_1010])).0, 1);
+        // Sampling at temperature 1 never leaves the set.
+        let p = SamplingParams { allowed_tokens: allowed(&[1, 5]), ..params(1.0) };
+        for seed in 0..200 {
+            let mut logits = vec![5.0, 1.0, 3.0, 2.0, 1.0, 0.0];
+            let t = sample(&mut logits, &p, &TokenHistory::default(), None, &[], &mut Rng::new(seed)).unwrap().token;
+            assert!(t == 1 || t == 5, "{t}");
+        }
+    }
+
+    #[test]
+    fn allowed_token_lists_are_checked_sorted_and_deduplicated() {
+        assert_eq!(AllowedTokens::new([3, 1, 3], 4).unwrap().ids(), &[1, 3]);
+        assert_eq!(
+            AllowedTokens::new([], 4).unwrap_err().to_string(),
+            "`allowed_token_ids` must name at least one token"
+        );
+        assert_eq!(
+            AllowedTokens::new([1, 4], 4).unwrap_err().to_string(),
+            "`allowed_token_ids` names token 4, outside the vocabulary (ids 0 to 3)"
+        );
+    }
+
+    #[test]
+    fn banned_tokens_are_never_drawn_unless_nothing_else_is_allowed() {
+        let run = |mask: Option<&[u32]>, temperature: f32, seed: u64| {
+            let mut logits = vec![1.0, 6.0, 2.0, 5.0];
+            sample(&mut logits, &params(temperature), &TokenHistory::default(), mask, &[1, 3], &mut Rng::new(seed))
+                .unwrap()
+                .token
+        };
+        assert_eq!(run(None, 0.0, 0), 2);
+        for seed in 0..200 {
+            let t = run(None, 1.0, seed);
+            assert!(t == 0 || t == 2, "{t}");
+        }
+        // The mask allows banned tokens only: they stay (the constraint decides).
+        assert_eq!(run(Some(&[0b1010]), 0.0, 0), 1);
+        assert_eq!(run(Some(&[0b1000]), 0.0, 0), 3);
+        assert_eq!(run(Some(&[0b1100]), 0.0, 0), 2);
+    }
+
+    #[test]
     fn logprobs_are_normalised_and_ordered() {
         let p = SamplingParams { logprobs: Some(2), ..params(0.0) };
         let mut logits = vec![0.0, 2.0f32.ln(), 0.0];
-        let s = sample(&mut logits, &p, &TokenHistory::default(), None, &mut Rng::new(0)).unwrap();
+        let s = sample(&mut logits, &p, &TokenHistory::default(), None, &[], &mut Rng::new(0)).unwrap();
         assert_eq!(s.token, 1);
         assert!((s.logprob.unwrap() - 0.5f32.ln()).abs() < 1e-6);
         assert_eq!(s.top.len(), 2);

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use dspark_host::engine::SamplingParams;
-use dspark_host::engine::sampler::{LogitBias, MAX_TOP_LOGPROBS};
+use dspark_host::engine::sampler::{AllowedTokens, LogitBias, MAX_TOP_LOGPROBS};
 
 use super::error::ApiError;
 
@@ -97,6 +97,14 @@ pub struct Sampling {
     /// vLLM: extra stop token ids.
     #[serde(default)]
     pub stop_token_ids: Vec<u32>,
+    /// vLLM: the fewest completion tokens before EOS, a stop token id or a stop string may
+    /// end the answer.
+    pub min_tokens: Option<u64>,
+    /// vLLM: the only token ids sampling may choose.
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM: end the text with the stop string that ended it.
+    #[serde(default)]
+    pub include_stop_str_in_output: bool,
     /// Structured output (OpenAI).
     pub response_format: Option<Value>,
     /// vLLM structured outputs.
@@ -166,6 +174,10 @@ pub struct Resolved {
     pub ignore_eos: bool,
     /// vLLM's `stop_token_ids`.
     pub stop_token_ids: Vec<u32>,
+    /// vLLM's `min_tokens` (0 when not given).
+    pub min_tokens: usize,
+    /// vLLM's `include_stop_str_in_output`.
+    pub include_stop_str_in_output: bool,
 }
 
 /// Defaults a model entry sets for requests that leave a parameter out.
@@ -239,7 +251,23 @@ impl Sampling {
         if top_k < -1 {
             return Err(ApiError::invalid("top_k", format!("`top_k` must be -1, 0 or positive, got {top_k}")));
         }
+        let min_tokens = usize::try_from(self.min_tokens.unwrap_or(0)).unwrap_or(usize::MAX);
+        if let Some((field, max)) = max_tokens
+            && min_tokens as u64 > max
+        {
+            return Err(ApiError::invalid(
+                "min_tokens",
+                format!("`min_tokens` ({min_tokens}) must not exceed `{field}` ({max})"),
+            ));
+        }
         let logit_bias = self.logit_bias(vocab)?;
+        let allowed_tokens = match &self.allowed_token_ids {
+            None => None,
+            Some(ids) => Some(
+                AllowedTokens::new(ids.iter().copied(), vocab)
+                    .map_err(|e| ApiError::invalid("allowed_token_ids", e.to_string()))?,
+            ),
+        };
         let sampling = SamplingParams {
             temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
             top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
@@ -251,6 +279,7 @@ impl Sampling {
             repetition_penalty: self.repetition_penalty.or(defaults.repetition_penalty).unwrap_or(1.0),
             logprobs: logprobs.map(|k| k as usize),
             logit_bias,
+            allowed_tokens,
         };
         sampling.validate().map_err(|e| {
             let dspark_host::engine::sampler::ParamError::OutOfRange { name, .. } = &e;
@@ -265,6 +294,8 @@ impl Sampling {
             include_usage: self.stream_options.as_ref().is_some_and(|o| o.include_usage),
             ignore_eos: self.ignore_eos,
             stop_token_ids: self.stop_token_ids.clone(),
+            min_tokens,
+            include_stop_str_in_output: self.include_stop_str_in_output,
         })
     }
 
@@ -345,5 +376,47 @@ mod tests {
         );
         assert_eq!(message(r#"{"+5": 1}"#), "`logit_bias` keys must be token ids (digits, as strings), got \"+5\"");
         assert!(message("[1, 2]").starts_with("`logit_bias`: invalid type"));
+    }
+
+    #[test]
+    fn min_tokens_allowed_token_ids_and_included_stops_are_read_and_checked() {
+        let resolve = |fields: &str| {
+            let body = format!(r#"{{"model": "m", "messages": [], {fields}}}"#);
+            let (_, sampling) = parse_body::<ChatRequest>(body.as_bytes())?;
+            sampling.resolve(None, &SamplingDefaults::default(), 100)
+        };
+        let ok = resolve(
+            r#""min_tokens": 5, "max_tokens": 5, "allowed_token_ids": [9, 2, 9], "include_stop_str_in_output": true"#,
+        )
+        .unwrap();
+        assert_eq!(ok.min_tokens, 5);
+        assert_eq!(ok.sampling.allowed_tokens.as_ref().map(|a| a.ids().to_vec()), Some(vec![2, 9]));
+        assert!(ok.include_stop_str_in_output);
+        let plain = resolve(r#""n": 1"#).unwrap();
+        assert_eq!(
+            (plain.min_tokens, plain.sampling.allowed_tokens, plain.include_stop_str_in_output),
+            (0, None, false)
+        );
+        let error = |fields: &str| {
+            let err = resolve(fields).unwrap_err();
+            (err.status.as_u16(), err.param.unwrap_or_default(), err.message)
+        };
+        assert_eq!(
+            error(r#""min_tokens": 6, "max_completion_tokens": 5"#),
+            (400, "min_tokens".into(), "`min_tokens` (6) must not exceed `max_completion_tokens` (5)".into())
+        );
+        assert_eq!(
+            error(r#""allowed_token_ids": [3, 100]"#),
+            (
+                400,
+                "allowed_token_ids".into(),
+                "`allowed_token_ids` names token 100, outside the vocabulary (ids 0 to 99)".into()
+            )
+        );
+        assert_eq!(
+            error(r#""allowed_token_ids": []"#),
+            (400, "allowed_token_ids".into(), "`allowed_token_ids` must name at least one token".into())
+        );
+        assert_eq!(error(r#""min_tokens": -1"#).1, "min_tokens");
     }
 }

@@ -188,8 +188,10 @@ async fn submit(
             sampling,
             max_tokens: resolved.max_tokens,
             stop: resolved.stop.clone(),
+            include_stop_str_in_output: resolved.include_stop_str_in_output,
             stop_token_ids: resolved.stop_token_ids.clone(),
             ignore_eos: resolved.ignore_eos,
+            min_tokens: resolved.min_tokens,
             constraint,
         };
         tickets.push(served.worker.submit(request).await?);

@@ -131,6 +131,7 @@ impl Worker {
             Ok(Ok(())) => Ok(Ticket { events: receiver, _slot: slot }),
             Ok(Err(e @ RequestError::PromptTooLong { .. })) => Err(ApiError::invalid("messages", e.to_string())),
             Ok(Err(RequestError::Params(e))) => Err(ApiError::bad_request(e.to_string())),
+            Ok(Err(e @ RequestError::MinAboveMax { .. })) => Err(ApiError::invalid("min_tokens", e.to_string())),
             Ok(Err(e)) => Err(ApiError::bad_request(e.to_string())),
             Err(_) => Err(ApiError::unavailable("the model's engine has stopped")),
         }
