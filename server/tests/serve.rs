@@ -800,7 +800,7 @@ fn logit_bias_steers_and_bans_tokens_with_and_without_a_constraint() {
 }
 
 #[test]
-fn min_tokens_allowed_token_ids_and_included_stop_strings() {
+fn vllm_sampling_extensions_min_tokens_allowed_ids_stops_truncation_and_special_tokens() {
     let server = start(&[]);
     let addr = server.addr;
     let (tokenizer, vocab) = smollm2_tokenizer();
@@ -847,6 +847,34 @@ fn min_tokens_allowed_token_ids_and_included_stop_strings() {
     assert_eq!(complete(json!({"stop": [word]})), &text[..at]);
     assert_eq!(complete(json!({"stop": [word], "include_stop_str_in_output": true})), &text[..at + word.len()]);
 
+    // `truncate_prompt_tokens` keeps the prompt's last tokens: the answer is the one to
+    // those tokens given as the prompt.
+    let ids = tokenizer.encode("The capital of France is").unwrap();
+    let cut = post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "truncate_prompt_tokens": 2}),
+    )
+    .json();
+    assert_eq!(cut["usage"]["prompt_tokens"], 2, "{cut}");
+    let tail = post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": ids[ids.len() - 2..], "max_tokens": 8, "temperature": 0}),
+    )
+    .json();
+    assert_eq!(cut["choices"][0]["text"], tail["choices"][0]["text"], "{cut} {tail}");
+
+    // `skip_special_tokens: false` keeps the special tokens generated past EOS in the text.
+    let special = |skip: bool| {
+        let r = ask(json!({"ignore_eos": true, "max_tokens": tokens(&short) + 6, "skip_special_tokens": skip}));
+        content(&r).to_string()
+    };
+    let (skipped, kept) = (special(true), special(false));
+    assert!(kept.contains("<|im_end|>"), "{kept:?}");
+    assert!(!skipped.contains("<|im_end|>"), "{skipped:?}");
+    assert_eq!(skipped, kept.replace("<|im_end|>", "").replace("<|im_start|>", ""));
+
     // `allowed_token_ids`: every sampled token is one of them.
     let (banana, apple) = (one_token(&tokenizer, " banana"), one_token(&tokenizer, " apple"));
     let r = post_json(
@@ -872,6 +900,8 @@ fn min_tokens_allowed_token_ids_and_included_stop_strings() {
     );
     let r = post_raw(addr, &chat(json!({"allowed_token_ids": []})));
     assert_error(&r, 400, Some("allowed_token_ids"), "`allowed_token_ids` must name at least one token");
+    let r = post_raw(addr, &chat(json!({"truncate_prompt_tokens": 0})));
+    assert_error(&r, 400, Some("truncate_prompt_tokens"), "`truncate_prompt_tokens` must be at least 1");
 }
 
 /// Under a choice of `yes` or `no`: `allowed_token_ids` picks within it; an `allowed_token_ids`

@@ -197,6 +197,9 @@ pub struct GenerationRequest {
     /// are not sampled and stop strings are not looked for. A constraint's end still ends
     /// the output (see [`super::sampler`]).
     pub min_tokens: usize,
+    /// vLLM's `skip_special_tokens`: special tokens (other than the EOS or stop token that
+    /// ends the output) add nothing to the text. The tokens themselves are returned either way.
+    pub skip_special_tokens: bool,
     /// The output constraint, if any.
     pub constraint: Option<Box<dyn SequenceConstraint>>,
 }
@@ -213,6 +216,7 @@ impl GenerationRequest {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             min_tokens: 0,
+            skip_special_tokens: true,
             constraint: None,
         }
     }
@@ -343,6 +347,7 @@ struct RequestState {
     /// The tokens that would end the sequence (EOS unless ignored, `stop_token_ids`), kept
     /// from sampling while fewer than `min_tokens` are generated; empty when `min_tokens` is 0.
     ending_tokens: Vec<u32>,
+    skip_special_tokens: bool,
     constraint: Option<Box<dyn SequenceConstraint>>,
     text: OutputText,
     generated: usize,
@@ -532,6 +537,7 @@ impl<B: Backend> LlmEngine<B> {
             stop_token_ids,
             ignore_eos,
             min_tokens,
+            skip_special_tokens,
             mut constraint,
         } = request;
         sampling.validate()?;
@@ -567,6 +573,7 @@ impl<B: Backend> LlmEngine<B> {
             ignore_eos,
             min_tokens,
             ending_tokens,
+            skip_special_tokens,
             constraint: None,
             text: OutputText::new(stop, include_stop_str_in_output),
             generated: 0,
@@ -1021,7 +1028,7 @@ impl<B: Backend> LlmEngine<B> {
             return Some(FinishReason::Stop);
         }
         self.scheduler.append(id, &[token]);
-        if !table.is_special(token) && push_text(state, table.token_bytes(token)) {
+        if !(state.skip_special_tokens && table.is_special(token)) && push_text(state, table.token_bytes(token)) {
             return Some(FinishReason::Stop);
         }
         if let Some(constraint) = state.constraint.as_mut() {
@@ -1060,7 +1067,7 @@ impl<B: Backend> LlmEngine<B> {
             state.generated += 1;
             self.stats.forced_tokens += 1;
             out.push(TokenOutput { token, forced: true, logprob: None, top_logprobs: Vec::new() });
-            if !table.is_special(token) && push_text(state, table.token_bytes(token)) {
+            if !(state.skip_special_tokens && table.is_special(token)) && push_text(state, table.token_bytes(token)) {
                 return Some(FinishReason::Stop);
             }
         }

@@ -105,6 +105,11 @@ pub struct Sampling {
     /// vLLM: end the text with the stop string that ended it.
     #[serde(default)]
     pub include_stop_str_in_output: bool,
+    /// vLLM: leave special tokens (e.g. `<|im_end|>` after `ignore_eos`) out of the text
+    /// (default true).
+    pub skip_special_tokens: Option<bool>,
+    /// vLLM: keep only the prompt's last this many tokens (after the chat template).
+    pub truncate_prompt_tokens: Option<u64>,
     /// Structured output (OpenAI).
     pub response_format: Option<Value>,
     /// vLLM structured outputs.
@@ -178,6 +183,23 @@ pub struct Resolved {
     pub min_tokens: usize,
     /// vLLM's `include_stop_str_in_output`.
     pub include_stop_str_in_output: bool,
+    /// vLLM's `skip_special_tokens` (true when not given).
+    pub skip_special_tokens: bool,
+    /// vLLM's `truncate_prompt_tokens`: the most prompt tokens kept, from the end.
+    pub truncate_prompt_tokens: Option<usize>,
+}
+
+impl Resolved {
+    /// `prompt` cut to its last `truncate_prompt_tokens` tokens (vLLM cuts from the left, so
+    /// the end of a conversation, where the assistant's turn opens, is kept).
+    pub fn truncate_prompt(&self, mut prompt: Vec<u32>) -> Vec<u32> {
+        if let Some(keep) = self.truncate_prompt_tokens
+            && prompt.len() > keep
+        {
+            prompt.drain(..prompt.len() - keep);
+        }
+        prompt
+    }
 }
 
 /// Defaults a model entry sets for requests that leave a parameter out.
@@ -260,6 +282,9 @@ impl Sampling {
                 format!("`min_tokens` ({min_tokens}) must not exceed `{field}` ({max})"),
             ));
         }
+        if self.truncate_prompt_tokens == Some(0) {
+            return Err(ApiError::invalid("truncate_prompt_tokens", "`truncate_prompt_tokens` must be at least 1"));
+        }
         let logit_bias = self.logit_bias(vocab)?;
         let allowed_tokens = match &self.allowed_token_ids {
             None => None,
@@ -296,6 +321,8 @@ impl Sampling {
             stop_token_ids: self.stop_token_ids.clone(),
             min_tokens,
             include_stop_str_in_output: self.include_stop_str_in_output,
+            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+            truncate_prompt_tokens: self.truncate_prompt_tokens.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
         })
     }
 
@@ -418,5 +445,25 @@ mod tests {
             (400, "allowed_token_ids".into(), "`allowed_token_ids` must name at least one token".into())
         );
         assert_eq!(error(r#""min_tokens": -1"#).1, "min_tokens");
+        assert_eq!(
+            error(r#""truncate_prompt_tokens": 0"#),
+            (400, "truncate_prompt_tokens".into(), "`truncate_prompt_tokens` must be at least 1".into())
+        );
+    }
+
+    #[test]
+    fn prompts_are_truncated_from_the_left_and_special_tokens_skipped_by_default() {
+        let resolve = |fields: &str| {
+            let body = format!(r#"{{"model": "m", "messages": [], {fields}}}"#);
+            let (_, sampling) = parse_body::<ChatRequest>(body.as_bytes()).unwrap();
+            sampling.resolve(None, &SamplingDefaults::default(), 100).unwrap()
+        };
+        let r = resolve(r#""truncate_prompt_tokens": 3"#);
+        assert_eq!(r.truncate_prompt(vec![1, 2, 3, 4, 5]), vec![3, 4, 5]);
+        assert_eq!(r.truncate_prompt(vec![1, 2]), vec![1, 2]);
+        assert!(r.skip_special_tokens);
+        let r = resolve(r#""skip_special_tokens": false"#);
+        assert_eq!(r.truncate_prompt(vec![1, 2, 3, 4, 5]), vec![1, 2, 3, 4, 5]);
+        assert!(!r.skip_special_tokens);
     }
 }

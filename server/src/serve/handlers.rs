@@ -192,6 +192,7 @@ async fn submit(
             stop_token_ids: resolved.stop_token_ids.clone(),
             ignore_eos: resolved.ignore_eos,
             min_tokens: resolved.min_tokens,
+            skip_special_tokens: resolved.skip_special_tokens,
             constraint,
         };
         tickets.push(served.worker.submit(request).await?);
@@ -306,7 +307,7 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
         }
         None => None,
     };
-    let prompt = chat_prompt(&served, &request)?;
+    let prompt = resolved.truncate_prompt(chat_prompt(&served, &request)?);
     let id = request_id("chatcmpl");
     tracing::info!(request_id = %id, model = %request.model, prompt_tokens = prompt.len(), n = resolved.n, stream = resolved.stream, constraint = ?spec.as_ref().map(|s| &s.kind), "chat completion");
     let constraints = constraints(&state, &served, &spec, resolved.n).await?;
@@ -550,7 +551,8 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
     }
     let resolved = sampling.resolve(request.logprobs, &served.entry.config.sampling, served.worker.vocab_size)?;
     let spec = constraint::from_request(&sampling)?;
-    let prompts = completion_prompts(&served, &request.prompt)?;
+    let prompts: Vec<Vec<u32>> =
+        completion_prompts(&served, &request.prompt)?.into_iter().map(|p| resolved.truncate_prompt(p)).collect();
     let id = request_id("cmpl");
     tracing::info!(request_id = %id, model = %request.model, prompts = prompts.len(), n = resolved.n, stream = resolved.stream, "completion");
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
