@@ -820,6 +820,7 @@ fn vllm_sampling_extensions_min_tokens_allowed_ids_stops_truncation_and_special_
     let short = ask(json!({}));
     let answer = content(&short).to_string();
     assert_eq!(short["choices"][0]["finish_reason"], "stop", "{short}");
+    assert_eq!(short["choices"][0]["stop_reason"], Value::Null, "EOS has no stop_reason: {short}");
     let least = tokens(&short) + 10;
     let first_word = answer.split_whitespace().next().unwrap().to_string();
     let long = ask(json!({"min_tokens": least, "max_tokens": least + 20}));
@@ -839,13 +840,43 @@ fn vllm_sampling_extensions_min_tokens_allowed_ids_stops_truncation_and_special_
         }
         let r = post_json(addr, "/v1/completions", &body);
         assert_eq!(r.status, 200, "{}", r.body);
-        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+        let choice = &r.json()["choices"][0];
+        // vLLM's `stop_reason`: the stop string that ended the text, or null.
+        let stopped_by = extra.get("stop").map_or(Value::Null, |stops| stops[0].clone());
+        assert_eq!(choice["stop_reason"], stopped_by, "{choice}");
+        choice["text"].as_str().unwrap().to_string()
     };
     let text = complete(json!({}));
     let word = text.split_whitespace().nth(1).unwrap_or_else(|| panic!("{text:?}")).to_string();
     let at = text.find(&word).unwrap();
     assert_eq!(complete(json!({"stop": [word]})), &text[..at]);
     assert_eq!(complete(json!({"stop": [word], "include_stop_str_in_output": true})), &text[..at + word.len()]);
+
+    // A `stop_token_ids` entry ends the output at its first occurrence and is its
+    // `stop_reason`.
+    let spelled = complete(json!({"logprobs": 0}));
+    let r = post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0, "logprobs": 0}),
+    )
+    .json();
+    let generated: Vec<String> =
+        r["choices"][0]["logprobs"]["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().into()).collect();
+    assert_eq!(generated.concat(), spelled);
+    let third = &generated[2];
+    let ids: Vec<u32> = (0..vocab).filter(|&id| &tokenizer.token_text(id) == third).collect();
+    let r = post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0, "stop_token_ids": ids}),
+    )
+    .json();
+    let first = generated.iter().position(|t| t == third).unwrap();
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    assert_eq!(r["usage"]["completion_tokens"], first + 1, "{r}");
+    let reason = r["choices"][0]["stop_reason"].as_u64().unwrap_or_else(|| panic!("{r}"));
+    assert!(ids.contains(&(reason as u32)), "{r}");
 
     // `truncate_prompt_tokens` keeps the prompt's last tokens: the answer is the one to
     // those tokens given as the prompt.

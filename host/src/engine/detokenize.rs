@@ -21,6 +21,8 @@ pub struct OutputText {
     stops: Vec<String>,
     include_stop: bool,
     stopped: bool,
+    /// The stop string that ended the text (an index into `stops`).
+    matched: Option<usize>,
 }
 
 impl OutputText {
@@ -89,10 +91,12 @@ impl OutputText {
         let hit = self
             .stops
             .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s.len())))
+            .enumerate()
+            .filter_map(|(index, s)| self.text[from..].find(s.as_str()).map(|i| (from + i, index)))
             .min_by_key(|&(at, _)| at);
-        if let Some((at, len)) = hit {
-            self.text.truncate(if self.include_stop { at + len } else { at });
+        if let Some((at, index)) = hit {
+            self.matched = Some(index);
+            self.text.truncate(if self.include_stop { at + self.stops[index].len() } else { at });
             self.pending.clear();
             self.stopped = true;
         }
@@ -102,6 +106,11 @@ impl OutputText {
     /// Whether a stop string ended the text.
     pub fn stopped(&self) -> bool {
         self.stopped
+    }
+
+    /// The stop string that ended the text, if one did.
+    pub fn matched_stop(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// The whole text so far.
@@ -152,9 +161,11 @@ mod tests {
         assert_eq!(t.delta(false), "hello ");
         assert!(!t.push(b"N"));
         assert_eq!(t.delta(false), "");
+        assert_eq!(t.matched_stop(), None);
         assert!(t.push(b"Dmore"));
         assert_eq!(t.delta(false), "");
         assert_eq!(t.text(), "hello ");
+        assert_eq!(t.matched_stop(), Some("END"));
         assert!(t.push(b"ignored"));
         assert_eq!(t.text(), "hello ");
     }
@@ -177,6 +188,7 @@ mod tests {
         assert_eq!(t.delta(false), "hello ");
         assert!(t.push(b"NDING and more"));
         assert_eq!(t.text(), "hello END");
+        assert_eq!(t.matched_stop(), Some("END"));
         assert_eq!(t.delta(false), "END");
     }
 

@@ -293,6 +293,18 @@ pub struct SequenceUpdate {
     pub text: String,
     /// Set on the sequence's last update.
     pub finish: Option<FinishReason>,
+    /// With a [`FinishReason::Stop`]: the stop string or `stop_token_ids` entry that ended
+    /// the output (vLLM's `stop_reason`); `None` for EOS and a constraint's end.
+    pub stop_reason: Option<StopReason>,
+}
+
+/// What ended an output with [`FinishReason::Stop`], where the request named it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// A token of the request's `stop_token_ids`.
+    Token(u32),
+    /// One of the request's stop strings.
+    Text(String),
 }
 
 /// Counters since the engine started.
@@ -348,6 +360,8 @@ struct RequestState {
     /// from sampling while fewer than `min_tokens` are generated; empty when `min_tokens` is 0.
     ending_tokens: Vec<u32>,
     skip_special_tokens: bool,
+    /// The `stop_token_ids` entry that ended the output.
+    stopped_by_token: Option<u32>,
     constraint: Option<Box<dyn SequenceConstraint>>,
     text: OutputText,
     generated: usize,
@@ -574,6 +588,7 @@ impl<B: Backend> LlmEngine<B> {
             min_tokens,
             ending_tokens,
             skip_special_tokens,
+            stopped_by_token: None,
             constraint: None,
             text: OutputText::new(stop, include_stop_str_in_output),
             generated: 0,
@@ -924,6 +939,7 @@ impl<B: Backend> LlmEngine<B> {
                     id,
                     tokens: std::mem::take(&mut state.pending),
                     text: state.text.delta(true),
+                    stop_reason: state.stop_reason(state.finished_early.as_ref()),
                     finish: state.finished_early,
                 })
             })
@@ -981,12 +997,13 @@ impl<B: Backend> LlmEngine<B> {
         finish: Option<FinishReason>,
     ) -> SequenceUpdate {
         let text = state.text.delta(finish.is_some());
+        let stop_reason = state.stop_reason(finish.as_ref());
         if finish.is_some() {
             self.scheduler.finish(id);
         } else {
             self.requests.insert(id, state);
         }
-        SequenceUpdate { id, tokens, text, finish }
+        SequenceUpdate { id, tokens, text, finish, stop_reason }
     }
 
     fn advance_state(
@@ -1024,7 +1041,11 @@ impl<B: Backend> LlmEngine<B> {
         out.push(TokenOutput { token, forced: false, logprob: sampled.logprob, top_logprobs: sampled.top });
         let table = self.tokenizer.tokenizer.table();
         let is_eos = !state.ignore_eos && self.tokenizer.eos.contains(&token);
-        if is_eos || state.stop_token_ids.contains(&token) {
+        if is_eos {
+            return Some(FinishReason::Stop);
+        }
+        if state.stop_token_ids.contains(&token) {
+            state.stopped_by_token = Some(token);
             return Some(FinishReason::Stop);
         }
         self.scheduler.append(id, &[token]);
@@ -1078,6 +1099,20 @@ impl<B: Backend> LlmEngine<B> {
             return Some(FinishReason::Length);
         }
         None
+    }
+}
+
+impl RequestState {
+    /// vLLM's `stop_reason` for an output ending with `finish`.
+    fn stop_reason(&self, finish: Option<&FinishReason>) -> Option<StopReason> {
+        if finish != Some(&FinishReason::Stop) {
+            return None;
+        }
+        match (self.stopped_by_token, self.text.matched_stop()) {
+            (Some(token), _) => Some(StopReason::Token(token)),
+            (None, Some(text)) => Some(StopReason::Text(text.to_string())),
+            (None, None) => None,
+        }
     }
 }
 

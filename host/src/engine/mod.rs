@@ -30,7 +30,7 @@ pub use draft::PromptLookup;
 pub use gguf_tokenizer::ModelTokenizer;
 pub use llm::{
     ConstraintStep, EngineConfig, EngineStats, FinishReason, GenerationRequest, Guess, LlmEngine, RequestError,
-    SequenceConstraint, SequenceUpdate, TokenOutput,
+    SequenceConstraint, SequenceUpdate, StopReason, TokenOutput,
 };
 pub use model::Model;
 pub use sampler::SamplingParams;

@@ -10,7 +10,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use dspark_host::engine::{FinishReason, GenerationRequest, SequenceConstraint, SequenceUpdate, TokenOutput};
+use dspark_host::engine::{
+    FinishReason, GenerationRequest, SequenceConstraint, SequenceUpdate, StopReason, TokenOutput,
+};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -200,6 +202,16 @@ async fn submit(
     Ok(tickets)
 }
 
+/// vLLM's `stop_reason` of a choice: the stop string or the `stop_token_ids` entry that
+/// ended it, else `null` (EOS, a constraint's end, a length or an error).
+fn stop_reason(reason: Option<&StopReason>) -> Value {
+    match reason {
+        Some(StopReason::Token(token)) => json!(token),
+        Some(StopReason::Text(text)) => json!(text),
+        None => Value::Null,
+    }
+}
+
 fn finish_reason(f: &FinishReason) -> &'static str {
     match f {
         FinishReason::Stop => "stop",
@@ -256,6 +268,7 @@ struct Collected {
     text: String,
     tokens: Vec<TokenOutput>,
     finish: FinishReason,
+    stop_reason: Option<StopReason>,
 }
 
 async fn collect(mut ticket: Ticket) -> Result<Collected, ApiError> {
@@ -263,11 +276,11 @@ async fn collect(mut ticket: Ticket) -> Result<Collected, ApiError> {
     let mut tokens = Vec::new();
     while let Some(event) = ticket.events.recv().await {
         match event {
-            Event::Update(SequenceUpdate { tokens: t, text: delta, finish, .. }) => {
+            Event::Update(SequenceUpdate { tokens: t, text: delta, finish, stop_reason, .. }) => {
                 text.push_str(&delta);
                 tokens.extend(t);
                 if let Some(finish) = finish {
-                    return Ok(Collected { text, tokens, finish });
+                    return Ok(Collected { text, tokens, finish, stop_reason });
                 }
             }
             Event::Failed(message) => return Err(ApiError::internal(message)),
@@ -360,7 +373,8 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
             }
             if let Some(finish) = &update.finish {
                 let reason = if called && *finish == FinishReason::Stop { "tool_calls" } else { finish_reason(finish) };
-                choices.push(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason}));
+                let stop = stop_reason(update.stop_reason.as_ref());
+                choices.push(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason, "stop_reason": stop}));
             }
             choices
         }));
@@ -388,7 +402,10 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
             }
             None => (json!({"role": "assistant", "content": out.text}), finish_reason(&out.finish)),
         };
-        choices.push(json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}));
+        let stop = stop_reason(out.stop_reason.as_ref());
+        choices.push(
+            json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason, "stop_reason": stop}),
+        );
     }
     tracing::info!(request_id = %id, completion_tokens, finish = ?choices.iter().map(|c| c["finish_reason"].clone()).collect::<Vec<_>>(), "chat completion done");
     Ok(axum::Json(json!({
@@ -578,7 +595,10 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         return Ok(stream_response(head, tickets, Vec::new(), move |served, index, update| {
             let logprobs = want_logprobs.then(|| completion_logprobs(served, &update.tokens));
             let finish = update.finish.as_ref().map(finish_reason);
-            vec![json!({"index": index, "text": update.text, "logprobs": logprobs, "finish_reason": finish})]
+            let stop = stop_reason(update.stop_reason.as_ref());
+            vec![
+                json!({"index": index, "text": update.text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stop}),
+            ]
         }));
     }
     let mut choices = Vec::new();
@@ -588,7 +608,10 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         check_output(&served, validator.as_deref(), &out.text, &out.finish);
         completion_tokens += out.tokens.len();
         let logprobs = resolved.sampling.logprobs.map(|_| completion_logprobs(&served, &out.tokens));
-        choices.push(json!({"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": finish_reason(&out.finish)}));
+        let (finish, stop) = (finish_reason(&out.finish), stop_reason(out.stop_reason.as_ref()));
+        choices.push(
+            json!({"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stop}),
+        );
     }
     tracing::info!(request_id = %id, completion_tokens, "completion done");
     Ok(axum::Json(json!({
