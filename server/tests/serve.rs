@@ -878,6 +878,21 @@ fn vllm_sampling_extensions_min_tokens_allowed_ids_stops_truncation_and_special_
     let reason = r["choices"][0]["stop_reason"].as_u64().unwrap_or_else(|| panic!("{r}"));
     assert!(ids.contains(&(reason as u32)), "{r}");
 
+    // `bad_words`: the greedy answer's first word, banned, is not generated.
+    let word = generated[0].trim();
+    assert!(!word.is_empty(), "{generated:?}");
+    let r = post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0, "logprobs": 0, "bad_words": [word]}),
+    )
+    .json();
+    let avoided: Vec<&str> =
+        r["choices"][0]["logprobs"]["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert!(!avoided.is_empty() && !avoided.contains(&generated[0].as_str()), "{r}");
+    let r = post_raw(addr, &chat(json!({"bad_words": [""]})));
+    assert_error(&r, 400, Some("bad_words"), "`bad_words` entries must not be empty or only whitespace");
+
     // `truncate_prompt_tokens` keeps the prompt's last tokens: the answer is the one to
     // those tokens given as the prompt.
     let ids = tokenizer.encode("The capital of France is").unwrap();

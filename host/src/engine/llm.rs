@@ -33,7 +33,7 @@ use super::detokenize::OutputText;
 use super::draft::{MAX_LOOKBACK, PromptLookup};
 use super::gguf_tokenizer::ModelTokenizer;
 use super::model::Model;
-use super::sampler::{ParamError, Rng, SamplingParams, TokenHistory, sample};
+use super::sampler::{ParamError, Rng, SamplingParams, TokenHistory, bad_word_bans, sample};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId};
 use crate::pathtree::Mask;
 
@@ -1029,7 +1029,17 @@ impl<B: Backend> LlmEngine<B> {
             Some(Err(e)) => return Some(FinishReason::Error(format!("constraint mask failed: {e:#}"))),
             None => None,
         };
-        let banned: &[u32] = if state.generated < state.min_tokens { &state.ending_tokens } else { &[] };
+        let ending: &[u32] = if state.generated < state.min_tokens { &state.ending_tokens } else { &[] };
+        let mut with_bad_words = Vec::new();
+        let banned = if state.sampling.bad_words.is_empty() {
+            ending
+        } else {
+            with_bad_words.extend_from_slice(ending);
+            let output =
+                self.scheduler.get(id).map_or(&[][..], |seq| &seq.tokens[seq.prompt_len.min(seq.tokens.len())..]);
+            bad_word_bans(&state.sampling.bad_words, output, &mut with_bad_words);
+            &with_bad_words
+        };
         let sampled = match sample(logits, &state.sampling, &state.history, mask.as_deref(), banned, &mut state.rng) {
             Ok(s) => s,
             Err(e) => return Some(FinishReason::Error(e.to_string())),

@@ -54,6 +54,9 @@ pub struct SamplingParams {
     pub logit_bias: LogitBias,
     /// vLLM's `allowed_token_ids`: the only tokens sampling may choose (`None`: all).
     pub allowed_tokens: Option<AllowedTokens>,
+    /// vLLM's `bad_words`, as token sequences: the last token of each is not sampled where
+    /// the output ends with the others ([`bad_word_bans`]).
+    pub bad_words: Vec<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -70,6 +73,7 @@ impl Default for SamplingParams {
             logprobs: None,
             logit_bias: LogitBias::default(),
             allowed_tokens: None,
+            bad_words: Vec::new(),
         }
     }
 }
@@ -209,7 +213,21 @@ impl AllowedTokens {
     }
 }
 
-/// Rules out `banned` (the tokens a request may not end with before `min_tokens`), unless
+/// Appends to `banned` the tokens that would complete one of `bad_words` (token sequences)
+/// after `output`: a one-token word always, a longer one where `output` ends with all of it
+/// but its last token (vLLM's rule; a word the model spells with other tokens is not caught).
+pub fn bad_word_bans(bad_words: &[Vec<u32>], output: &[u32], banned: &mut Vec<u32>) {
+    for word in bad_words {
+        if let Some((&last, before)) = word.split_last()
+            && output.ends_with(before)
+        {
+            banned.push(last);
+        }
+    }
+}
+
+/// Rules out `banned` (the tokens a request may not end with before `min_tokens`, and those
+/// completing a bad word), unless
 /// that would leave no token (then nothing changes: see the module docs).
 fn ban(logits: &mut [f32], banned: &[u32]) {
     if banned.is_empty() {
@@ -368,7 +386,8 @@ pub fn mask_allows(mask: &[u32], token: usize) -> bool {
 }
 
 /// Samples from `logits` (modified in place by penalties and the mask). `banned` are the
-/// tokens that would end the request before its `min_tokens` (empty once it may end).
+/// tokens that would end the request before its `min_tokens` and those completing a bad word
+/// ([`bad_word_bans`]).
 pub fn sample(
     logits: &mut [f32],
     params: &SamplingParams,
@@ -841,6 +860,20 @@ mod tests {
             AllowedTokens::new([1, 4], 4).unwrap_err().to_string(),
             "`allowed_token_ids` names token 4, outside the vocabulary (ids 0 to 3)"
         );
+    }
+
+    #[test]
+    fn bad_words_ban_the_token_that_would_complete_them() {
+        let words = vec![vec![7], vec![1, 2, 3], vec![5, 3]];
+        let bans = |output: &[u32]| {
+            let mut banned = Vec::new();
+            bad_word_bans(&words, output, &mut banned);
+            banned
+        };
+        assert_eq!(bans(&[]), vec![7]);
+        assert_eq!(bans(&[9, 1, 2]), vec![7, 3]);
+        assert_eq!(bans(&[1, 2, 5]), vec![7, 3]);
+        assert_eq!(bans(&[2, 1]), vec![7]);
     }
 
     #[test]

@@ -110,6 +110,9 @@ pub struct Sampling {
     pub skip_special_tokens: Option<bool>,
     /// vLLM: keep only the prompt's last this many tokens (after the chat template).
     pub truncate_prompt_tokens: Option<u64>,
+    /// vLLM: words the answer must not contain (each as the model's tokens would spell it,
+    /// with and without a leading space).
+    pub bad_words: Option<Vec<String>>,
     /// Structured output (OpenAI).
     pub response_format: Option<Value>,
     /// vLLM structured outputs.
@@ -187,6 +190,9 @@ pub struct Resolved {
     pub skip_special_tokens: bool,
     /// vLLM's `truncate_prompt_tokens`: the most prompt tokens kept, from the end.
     pub truncate_prompt_tokens: Option<usize>,
+    /// vLLM's `bad_words`, as given (the handler turns them into token sequences with the
+    /// model's tokenizer).
+    pub bad_words: Vec<String>,
 }
 
 impl Resolved {
@@ -224,6 +230,8 @@ pub struct SamplingDefaults {
 pub const MAX_N: u32 = 16;
 /// Most stop strings.
 pub const MAX_STOPS: usize = 16;
+/// Most `bad_words` entries: each is checked against the output's end at every sampled token.
+pub const MAX_BAD_WORDS: usize = 128;
 
 impl Sampling {
     /// Checks ranges and resolves defaults. `logprobs` is the number of alternatives when
@@ -282,6 +290,16 @@ impl Sampling {
                 format!("`min_tokens` ({min_tokens}) must not exceed `{field}` ({max})"),
             ));
         }
+        let bad_words = self.bad_words.clone().unwrap_or_default();
+        if bad_words.len() > MAX_BAD_WORDS {
+            return Err(ApiError::invalid(
+                "bad_words",
+                format!("`bad_words` may hold at most {MAX_BAD_WORDS} words, got {}", bad_words.len()),
+            ));
+        }
+        if bad_words.iter().any(|w| w.trim().is_empty()) {
+            return Err(ApiError::invalid("bad_words", "`bad_words` entries must not be empty or only whitespace"));
+        }
         if self.truncate_prompt_tokens == Some(0) {
             return Err(ApiError::invalid("truncate_prompt_tokens", "`truncate_prompt_tokens` must be at least 1"));
         }
@@ -305,6 +323,9 @@ impl Sampling {
             logprobs: logprobs.map(|k| k as usize),
             logit_bias,
             allowed_tokens,
+            // Token sequences: filled in with the model's tokenizer when the request is
+            // submitted (from `Resolved::bad_words`).
+            bad_words: Vec::new(),
         };
         sampling.validate().map_err(|e| {
             let dspark_host::engine::sampler::ParamError::OutOfRange { name, .. } = &e;
@@ -323,6 +344,7 @@ impl Sampling {
             include_stop_str_in_output: self.include_stop_str_in_output,
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             truncate_prompt_tokens: self.truncate_prompt_tokens.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+            bad_words,
         })
     }
 
@@ -445,6 +467,12 @@ mod tests {
             (400, "allowed_token_ids".into(), "`allowed_token_ids` must name at least one token".into())
         );
         assert_eq!(error(r#""min_tokens": -1"#).1, "min_tokens");
+        assert_eq!(
+            error(r#""bad_words": ["ok", " "]"#),
+            (400, "bad_words".into(), "`bad_words` entries must not be empty or only whitespace".into())
+        );
+        let many = format!(r#""bad_words": [{}]"#, vec![r#""w""#; MAX_BAD_WORDS + 1].join(", "));
+        assert_eq!(error(&many).2, format!("`bad_words` may hold at most {MAX_BAD_WORDS} words, got 129"));
         assert_eq!(
             error(r#""truncate_prompt_tokens": 0"#),
             (400, "truncate_prompt_tokens".into(), "`truncate_prompt_tokens` must be at least 1".into())

@@ -182,8 +182,10 @@ async fn submit(
     constraints: Vec<Option<Box<dyn SequenceConstraint>>>,
 ) -> Result<Vec<Ticket>, ApiError> {
     let mut tickets = Vec::with_capacity(constraints.len());
+    let bad_words = bad_word_tokens(served, &resolved.bad_words)?;
     for (i, constraint) in constraints.into_iter().enumerate() {
         let mut sampling = resolved.sampling.clone();
+        sampling.bad_words = bad_words.clone();
         sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
         let request = GenerationRequest {
             prompt: prompt.clone(),
@@ -200,6 +202,25 @@ async fn submit(
         tickets.push(served.worker.submit(request).await?);
     }
     Ok(tickets)
+}
+
+/// `bad_words` as the token sequences that spell them, as vLLM forms them: each word without
+/// its leading whitespace, and with one space before it where that tokenises differently (a
+/// word inside a sentence usually starts with a space token).
+fn bad_word_tokens(served: &Served, words: &[String]) -> Result<Vec<Vec<u32>>, ApiError> {
+    let tokenizer = served.worker.tokenizer.tokenizer.inner();
+    let mut sequences: Vec<Vec<u32>> = Vec::new();
+    for word in words {
+        let word = word.trim_start();
+        for text in [word.to_string(), format!(" {word}")] {
+            let encoding = tokenizer.encode(text.as_str(), false).map_err(|e| ApiError::internal(e.to_string()))?;
+            let ids = encoding.get_ids().to_vec();
+            if !ids.is_empty() && !sequences.contains(&ids) {
+                sequences.push(ids);
+            }
+        }
+    }
+    Ok(sequences)
 }
 
 /// vLLM's `stop_reason` of a choice: the stop string or the `stop_token_ids` entry that
