@@ -2,12 +2,13 @@
 //!
 //! The order of operations is vLLM's v1 sampler's and llama.cpp's: `logit_bias` added to the
 //! raw logits, then penalties, then the constraint mask
-//! (disallowed tokens get `-inf`), then vLLM's `allowed_token_ids` and the tokens a request
-//! may not end with yet (`min_tokens`), then — for log-probabilities — a log-softmax of those
+//! (disallowed tokens get `-inf`), then vLLM's `allowed_token_ids` and the banned tokens (those
+//! a request may not end with yet, `min_tokens`, and those completing one of its `bad_words`),
+//! then — for log-probabilities — a log-softmax of those
 //! processed logits, then temperature, top-k, min-p and top-p, and a draw from a per-request
 //! random stream. `temperature == 0` is greedy (ties go to the lowest id).
 //!
-//! `allowed_token_ids` and the `min_tokens` ban narrow what the constraint allows; where a
+//! `allowed_token_ids` and the banned tokens narrow what the constraint allows; where a
 //! narrowing would leave no token, it is not applied and the constraint alone decides (vLLM
 //! would sample from a row of `-inf` there). So a constraint's end or its only possible token
 //! is taken in the classic path exactly as DSpark takes it without sampling (a forced span or
@@ -227,8 +228,8 @@ pub fn bad_word_bans(bad_words: &[Vec<u32>], output: &[u32], banned: &mut Vec<u3
 }
 
 /// Rules out `banned` (the tokens a request may not end with before `min_tokens`, and those
-/// completing a bad word), unless
-/// that would leave no token (then nothing changes: see the module docs).
+/// completing a bad word), unless that would leave no token (then nothing changes: see the
+/// module docs).
 fn ban(logits: &mut [f32], banned: &[u32]) {
     if banned.is_empty() {
         return;
