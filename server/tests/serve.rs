@@ -974,6 +974,137 @@ fn assert_narrowing_yields_to_the_choice(addr: std::net::SocketAddr) {
     assert!(early == "yes" || early == "no", "{early:?}");
 }
 
+/// `echo` and `prompt_logprobs` on /v1/completions as lm-evaluation-harness reads them
+/// (`prompt` as token ids, `echo: true`, `logprobs: 1`, `max_tokens` 1 or 0, greedy): the
+/// prompt starts the text; its tokens come first in `logprobs` (the first with `null`), a
+/// greedy continuation scored as part of the prompt is "greedy" by lm-eval's test (each
+/// token's log-probability is the best in its `top_logprobs`) and keeps the log-probabilities
+/// sampling reported; vLLM's `prompt_logprobs` list the prompt token by id with its rank;
+/// streaming, several prompts, chat, and the errors.
+#[test]
+fn echo_and_prompt_logprobs_score_prompts_as_evaluation_harnesses_read_them() {
+    let server = start(&[]);
+    let addr = server.addr;
+    let (tokenizer, _) = smollm2_tokenizer();
+    let complete = |body: Value| {
+        let mut body = body;
+        body["model"] = json!(MODEL);
+        body["temperature"] = json!(0);
+        let r = post_json(addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let floats = |v: &Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+    let context = "The capital of France is";
+    let ids = tokenizer.encode(context).unwrap();
+
+    // A greedy continuation of the context, with its sampled log-probabilities.
+    let answer = complete(json!({"prompt": ids, "max_tokens": 6, "logprobs": 1}));
+    let continuation = answer["choices"][0]["text"].as_str().unwrap().to_string();
+    let sampled = floats(&answer["choices"][0]["logprobs"]["token_logprobs"]);
+    let offsets = floats(&answer["choices"][0]["logprobs"]["text_offset"]);
+    assert_eq!(offsets[0], 0.0, "without echo the first token starts the text: {answer}");
+    let full = tokenizer.encode(&format!("{context}{continuation}")).unwrap();
+    assert_eq!(full.len(), ids.len() + 6, "the continuation tokenises back to its 6 tokens: {full:?}");
+    assert_eq!(full[..ids.len()], ids[..]);
+
+    // lm-eval's loglikelihood request: the context and continuation as the prompt, echoed.
+    let scored = complete(json!({"prompt": full, "echo": true, "max_tokens": 1, "logprobs": 1}));
+    let choice = &scored["choices"][0];
+    let text = choice["text"].as_str().unwrap();
+    assert!(text.starts_with(&format!("{context}{continuation}")), "{scored}");
+    let logprobs = &choice["logprobs"];
+    let tokens: Vec<&str> = logprobs["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens.len(), full.len() + 1, "the prompt's tokens and the generated one: {scored}");
+    assert_eq!(tokens.concat(), text);
+    let token_logprobs = logprobs["token_logprobs"].as_array().unwrap();
+    assert_eq!(token_logprobs[0], Value::Null, "the first prompt token has no log-probability");
+    assert_eq!(logprobs["top_logprobs"][0], Value::Null);
+    let mut at = 0;
+    for (token, offset) in tokens.iter().zip(logprobs["text_offset"].as_array().unwrap()) {
+        assert_eq!(offset.as_u64(), Some(at as u64), "{scored}");
+        at += token.chars().count();
+    }
+    // lm-eval's slice: the continuation's tokens, without the generated one.
+    let (start, end) = (ids.len(), full.len());
+    for (i, sampled) in (start..end).zip(&sampled) {
+        let logprob = token_logprobs[i].as_f64().unwrap();
+        assert!((logprob - sampled).abs() < 1e-4, "token {i}: scored {logprob}, sampled {sampled}");
+        let top = logprobs["top_logprobs"][i].as_object().unwrap();
+        let best = top.values().map(|v| v.as_f64().unwrap()).fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(logprob, best, "lm-eval's is_greedy: the token is the best of {top:?}");
+        assert!(top.contains_key(tokens[i]), "{top:?} lists the token itself");
+    }
+    assert_eq!(scored["usage"]["prompt_tokens"], full.len());
+    assert_eq!(scored["usage"]["completion_tokens"], 1);
+
+    // `max_tokens: 0` with echo: the prompt alone, scored; vLLM's `prompt_logprobs` by id.
+    let only = complete(json!({"prompt": full, "echo": true, "max_tokens": 0, "logprobs": 2, "prompt_logprobs": 1}));
+    let choice = &only["choices"][0];
+    assert_eq!(choice["text"].as_str().unwrap(), tokens[..full.len()].concat(), "{only}");
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(only["usage"]["completion_tokens"], 0);
+    assert_eq!(choice["logprobs"]["tokens"].as_array().unwrap().len(), full.len());
+    assert_eq!(choice["logprobs"]["token_logprobs"].as_array().unwrap()[..], token_logprobs[..full.len()]);
+    let prompt_logprobs = choice["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(prompt_logprobs.len(), full.len());
+    assert_eq!(prompt_logprobs[0], Value::Null);
+    for (i, entry) in prompt_logprobs.iter().enumerate().skip(1) {
+        let own = &entry[full[i].to_string()];
+        assert_eq!(own["logprob"], token_logprobs[i], "position {i}: {entry}");
+        assert!(own["rank"].as_u64().unwrap() >= 1);
+        assert_eq!(own["decoded_token"].as_str(), Some(tokens[i]));
+        if i >= start {
+            assert_eq!(own["rank"], 1, "a greedy token ranks first: {entry}");
+            assert_eq!(entry.as_object().unwrap().len(), 1, "its one alternative is itself: {entry}");
+        }
+    }
+
+    // Streamed: the first chunk carries the prompt; the chunks add up to the same text and
+    // logprobs, with offsets running on.
+    let events = http::send(
+        addr,
+        "POST",
+        "/v1/completions",
+        &[("content-type", "application/json")],
+        json!({"model": MODEL, "prompt": full, "echo": true, "max_tokens": 3, "logprobs": 1, "temperature": 0, "stream": true})
+            .to_string()
+            .as_bytes(),
+    )
+    .events();
+    let chunks: Vec<Value> =
+        events.iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    let streamed: String = chunks.iter().map(|c| c["choices"][0]["text"].as_str().unwrap()).collect();
+    assert!(chunks[0]["choices"][0]["text"].as_str().unwrap().starts_with(context), "{:?}", chunks[0]);
+    let whole = complete(json!({"prompt": full, "echo": true, "max_tokens": 3, "logprobs": 1}));
+    assert_eq!(streamed, whole["choices"][0]["text"].as_str().unwrap());
+    let streamed_offsets: Vec<Value> =
+        chunks.iter().flat_map(|c| c["choices"][0]["logprobs"]["text_offset"].as_array().unwrap().clone()).collect();
+    assert_eq!(streamed_offsets, *whole["choices"][0]["logprobs"]["text_offset"].as_array().unwrap());
+
+    // Several prompts: each choice echoes its own.
+    let two = complete(json!({"prompt": ["One, two,", "Red, green,"], "echo": true, "max_tokens": 2}));
+    assert!(two["choices"][0]["text"].as_str().unwrap().contains("One, two,"), "{two}");
+    assert!(two["choices"][1]["text"].as_str().unwrap().contains("Red, green,"), "{two}");
+
+    // Chat: the scores of the templated prompt beside the choices.
+    let body =
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "prompt_logprobs": 0});
+    let r = post_json(addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = r.json();
+    assert_eq!(r["prompt_logprobs"].as_array().unwrap().len() as u64, r["usage"]["prompt_tokens"].as_u64().unwrap());
+
+    // Errors name the field.
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    assert_error(&post_raw(addr, &stream_body), 400, Some("prompt_logprobs"), "not supported with `stream`");
+    let zero = post_json(addr, "/v1/completions", &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 0}));
+    assert_error(&zero, 400, Some("max_tokens"), "0 is allowed only with `echo`");
+    let many = post_json(addr, "/v1/completions", &json!({"model": MODEL, "prompt": "Hi", "prompt_logprobs": 21}));
+    assert_error(&many, 400, Some("prompt_logprobs"), "`prompt_logprobs` must be between 0 and 20, got 21");
+}
+
 /// SmolLM2's tokenizer, read from its GGUF file, and its vocabulary size.
 fn smollm2_tokenizer() -> (ModelTokenizer, u32) {
     let path = smollm2();

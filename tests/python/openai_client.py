@@ -84,6 +84,16 @@ assert len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content)
 r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5, temperature=0)
 assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
 
+# Scoring a prompt the way lm-evaluation-harness does: token ids, echo, one generated token.
+ids = [[504, 3575, 282, 4649, 314]]
+r = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0, logprobs=1, echo=True)
+lp = r.choices[0].logprobs
+assert len(lp.tokens) == len(ids[0]) + 1 and lp.token_logprobs[0] is None, lp
+assert all(isinstance(x, float) and x <= 0 for x in lp.token_logprobs[1:]), lp
+assert r.choices[0].text == "".join(lp.tokens) and lp.text_offset[0] == 0, r
+for token, logprob, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
+    assert top[token] == logprob and len(top) <= 2, top
+
 # Errors map to the client's exception types.
 try:
     client.chat.completions.create(model="no-such-model", messages=USER)

@@ -9,9 +9,10 @@ use candle_core::quantized::gguf_file;
 use candle_core::{Device, IndexOp, Tensor};
 use dspark_host::engine::backend::{ForwardBatch, KvDtype, KvShape};
 use dspark_host::engine::chat::ChatTemplate;
+use dspark_host::engine::sampler::Scored;
 use dspark_host::engine::{
     Backend, CpuBackend, EngineConfig, FinishReason, GenerationRequest, LlmEngine, Model, ModelTokenizer, PromptLookup,
-    RequestError, SamplingParams, load_model,
+    RequestError, SamplingParams, SequenceUpdate, TokenOutput, load_model,
 };
 use dspark_tests::{qwen25, smollm2, tokenizer_json};
 use serde_json::json;
@@ -252,6 +253,112 @@ fn preemption_recomputes_without_changing_the_output() {
     assert!(b.stats().preemptions > 0, "the tight cache should have forced a preemption");
     assert_eq!(got, expected);
     assert_eq!(b.scheduler().cache_usage(), 0.0, "every block is free again");
+}
+
+/// Runs requests to completion; returns each one's updates, by request.
+fn updates_of(engine: &mut LlmEngine<CpuBackend>, requests: Vec<GenerationRequest>) -> Vec<Vec<SequenceUpdate>> {
+    let ids: Vec<u64> = requests.into_iter().map(|r| engine.add_request(r).unwrap()).collect();
+    let mut updates = vec![Vec::new(); ids.len()];
+    while engine.has_work() {
+        for update in engine.step().unwrap() {
+            updates[ids.iter().position(|&id| id == update.id).unwrap()].push(update);
+        }
+    }
+    updates
+}
+
+/// A request that only scores `prompt`, with `top` alternatives per token.
+fn scoring(prompt: Vec<u32>, top: usize) -> GenerationRequest {
+    let mut r = GenerationRequest::new(prompt);
+    r.max_tokens = Some(0);
+    r.prompt_logprobs = Some(top);
+    r
+}
+
+fn assert_same_scores(got: &[Scored], expected: &[Scored]) {
+    assert_eq!(got.len(), expected.len());
+    for (g, e) in got.iter().zip(expected) {
+        assert_eq!((g.token, g.rank), (e.token, e.rank));
+        assert!((g.logprob - e.logprob).abs() < 1e-4, "{} against {}", g.logprob, e.logprob);
+        assert_eq!(g.top.iter().map(|t| t.0).collect::<Vec<_>>(), e.top.iter().map(|t| t.0).collect::<Vec<_>>());
+    }
+}
+
+/// Scored prompts (vLLM's `prompt_logprobs`; `echo` with `logprobs`, as lm-evaluation-harness
+/// uses it): a greedy answer, scored as part of a prompt, gets at every token rank 1 and the
+/// log-probability and alternatives sampling reported for it; a cached prefix does not hide
+/// rows; a preempted sequence scores its prompt once.
+#[test]
+fn scored_prompts_give_a_greedy_answer_its_sampled_logprobs() {
+    let path = smollm2();
+    let mut engine = engine(&path, EngineConfig { max_model_len: Some(512), ..EngineConfig::default() });
+    let prompt = chat_prompt(engine.tokenizer(), "Name three colours.");
+    let mut answer = greedy(prompt.clone(), 24);
+    answer.sampling.logprobs = Some(3);
+    let generated: Vec<TokenOutput> =
+        updates_of(&mut engine, vec![answer]).remove(0).into_iter().flat_map(|u| u.tokens).collect();
+    assert_eq!(generated.len(), 24);
+    let full: Vec<u32> = prompt.iter().copied().chain(generated.iter().map(|t| t.token)).collect();
+
+    // The prompt and its answer are in the prefix cache now; scoring must still compute every row.
+    let updates = updates_of(&mut engine, vec![scoring(full.clone(), 3)]).remove(0);
+    assert_eq!(updates.len(), 1, "one update: the scores, and the end");
+    let update = &updates[0];
+    assert!(update.tokens.is_empty() && update.text.is_empty(), "nothing is generated");
+    assert_eq!(update.finish, Some(FinishReason::Length));
+    let scores = &update.prompt_logprobs;
+    assert_eq!(scores.len(), full.len() - 1);
+    for (s, &token) in scores.iter().zip(&full[1..]) {
+        assert_eq!(s.token, token);
+        assert!(s.rank >= 1 && s.logprob <= 0.0 && s.top.len() == 3);
+        assert!(s.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        let listed = s.top.iter().position(|t| t.0 == token);
+        assert_eq!(listed.map(|i| i + 1), (s.rank <= 3).then_some(s.rank).filter(|_| listed.is_some()));
+    }
+    for (s, t) in scores[prompt.len() - 1..].iter().zip(&generated) {
+        assert_eq!((s.token, s.rank), (t.token, 1), "a greedy token ranks first");
+        let sampled = t.logprob.expect("logprobs were asked for");
+        assert!((s.logprob - sampled).abs() < 1e-4, "scored {} against sampled {sampled}", s.logprob);
+        assert_eq!(
+            s.top.iter().map(|x| x.0).collect::<Vec<_>>(),
+            t.top_logprobs.iter().map(|x| x.0).collect::<Vec<_>>()
+        );
+    }
+    // A scored prompt that also generates gets the same scores with its first update.
+    let mut both = greedy(full.clone(), 2);
+    both.prompt_logprobs = Some(3);
+    let updates = updates_of(&mut engine, vec![both]).remove(0);
+    assert_same_scores(&updates[0].prompt_logprobs, scores);
+    assert!(updates[1..].iter().all(|u| u.prompt_logprobs.is_empty()));
+    // Without scoring, nothing to generate is refused.
+    let mut nothing = GenerationRequest::new(full.clone());
+    nothing.max_tokens = Some(0);
+    assert!(matches!(engine.add_request(nothing), Err(RequestError::ZeroMaxTokens)));
+
+    // A cache too small for both sequences to grow: one is preempted and recomputed, and
+    // its prompt's scores come once, equal to those of the prompt scored alone.
+    let tight = EngineConfig { max_model_len: Some(128), kv_cache_tokens: Some(128), ..EngineConfig::default() };
+    let prompts: Vec<Vec<u32>> =
+        ["Tell me about cats.", "Tell me about dogs."].iter().map(|m| chat_prompt(engine.tokenizer(), m)).collect();
+    let alone: Vec<Vec<Scored>> = prompts
+        .iter()
+        .map(|p| updates_of(&mut engine, vec![scoring(p.clone(), 2)]).remove(0).remove(0).prompt_logprobs)
+        .collect();
+    let mut small = self::engine(&path, tight);
+    let requests = prompts
+        .iter()
+        .map(|p| {
+            let mut r = greedy(p.clone(), 120 - p.len());
+            r.prompt_logprobs = Some(2);
+            r
+        })
+        .collect();
+    let updates = updates_of(&mut small, requests);
+    assert!(small.stats().preemptions > 0, "the tight cache should have forced a preemption");
+    for (got, expected) in updates.iter().zip(&alone) {
+        let scores: Vec<Scored> = got.iter().flat_map(|u| u.prompt_logprobs.clone()).collect();
+        assert_same_scores(&scores, expected);
+    }
 }
 
 #[test]

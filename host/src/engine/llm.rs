@@ -16,6 +16,15 @@
 //! tokens it kept predicting ([`EngineConfig::confident_lookup_hits`]).
 //! Cancellation removes a sequence and frees its blocks immediately.
 //!
+//! A request may ask for its prompt tokens to be scored ([`GenerationRequest::prompt_logprobs`]:
+//! vLLM's `prompt_logprobs`, and what OpenAI's `echo` with `logprobs` returns, which
+//! lm-evaluation-harness scores answers with). Its prompt chunks then get a logits row per
+//! prompt position; each row scores the token after it against the model's raw distribution
+//! ([`super::sampler::score`]), and the scores come with the sequence's first update. Such a
+//! prompt takes no cached prefix, since those rows would not be computed; a preempted one is
+//! recomputed without scoring its positions twice. With `max_tokens` 0 nothing is sampled:
+//! the request ends with [`FinishReason::Length`] once its prompt is scored.
+//!
 //! The engine is synchronous and single-threaded by design (the model's kernels are
 //! parallel); the server drives it from a dedicated thread.
 
@@ -33,8 +42,8 @@ use super::detokenize::OutputText;
 use super::draft::{MAX_LOOKBACK, PromptLookup};
 use super::gguf_tokenizer::ModelTokenizer;
 use super::model::Model;
-use super::sampler::{ParamError, Rng, SamplingParams, TokenHistory, bad_word_bans, sample};
-use super::scheduler::{Scheduler, SchedulerConfig, SeqId};
+use super::sampler::{ParamError, Rng, SamplingParams, Scored, TokenHistory, bad_word_bans, sample, score};
+use super::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SeqId};
 use crate::pathtree::Mask;
 
 /// Engine limits. `Default` suits a small model on a CPU.
@@ -202,6 +211,10 @@ pub struct GenerationRequest {
     pub skip_special_tokens: bool,
     /// The output constraint, if any.
     pub constraint: Option<Box<dyn SequenceConstraint>>,
+    /// Score the prompt: each prompt token after the first gets its log-probability given
+    /// the tokens before it, its rank, and this many best alternatives
+    /// ([`SequenceUpdate::prompt_logprobs`]). With it, `max_tokens` may be 0.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl GenerationRequest {
@@ -218,6 +231,7 @@ impl GenerationRequest {
             min_tokens: 0,
             skip_special_tokens: true,
             constraint: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -242,7 +256,7 @@ pub enum RequestError {
     /// A sampling parameter is out of range.
     #[error(transparent)]
     Params(#[from] ParamError),
-    /// `max_tokens` is 0.
+    /// `max_tokens` is 0 and the prompt is not scored.
     #[error("`max_tokens` must be at least 1")]
     ZeroMaxTokens,
     /// `min_tokens` is above `max_tokens`.
@@ -296,6 +310,9 @@ pub struct SequenceUpdate {
     /// With a [`FinishReason::Stop`]: the stop string or `stop_token_ids` entry that ended
     /// the output (vLLM's `stop_reason`); `None` for EOS and a constraint's end.
     pub stop_reason: Option<StopReason>,
+    /// With [`GenerationRequest::prompt_logprobs`], in the sequence's first update: the
+    /// scores of prompt tokens 1, 2, ... (the first token has none); empty otherwise.
+    pub prompt_logprobs: Vec<Scored>,
 }
 
 /// What ended an output with [`FinishReason::Stop`], where the request named it.
@@ -380,6 +397,20 @@ struct RequestState {
     pending: Vec<TokenOutput>,
     /// Set when the request ended before any step.
     finished_early: Option<FinishReason>,
+    /// Alternatives per scored prompt token, when the prompt is scored.
+    prompt_logprobs: Option<usize>,
+    /// Prompt positions scored so far (the first is position 1); kept across preemptions.
+    prompt_scored: usize,
+    /// Scores not yet delivered.
+    prompt_scores: Vec<Scored>,
+    prompt_len: usize,
+}
+
+impl RequestState {
+    /// Whether prompt positions remain to be scored.
+    fn scoring_prompt(&self) -> bool {
+        self.prompt_logprobs.is_some() && self.prompt_scored + 1 < self.prompt_len
+    }
 }
 
 /// The engine of one model.
@@ -553,6 +584,7 @@ impl<B: Backend> LlmEngine<B> {
             min_tokens,
             skip_special_tokens,
             mut constraint,
+            prompt_logprobs,
         } = request;
         sampling.validate()?;
         if prompt.is_empty() {
@@ -561,7 +593,9 @@ impl<B: Backend> LlmEngine<B> {
         if prompt.len() >= self.max_model_len {
             return Err(RequestError::PromptTooLong { prompt_tokens: prompt.len(), max_model_len: self.max_model_len });
         }
-        if max_tokens == Some(0) {
+        // Nothing to generate: the prompt is only scored.
+        let score_only = max_tokens == Some(0);
+        if score_only && prompt_logprobs.is_none() {
             return Err(RequestError::ZeroMaxTokens);
         }
         if let Some(max_tokens) = max_tokens
@@ -596,23 +630,32 @@ impl<B: Backend> LlmEngine<B> {
             lookup_hits: 0,
             shadow_lookup: None,
             pending: Vec::new(),
-            finished_early: None,
+            finished_early: score_only.then_some(FinishReason::Length),
+            prompt_logprobs,
+            prompt_scored: 0,
+            prompt_scores: Vec::new(),
+            prompt_len: prompt.len(),
         };
         let mut tokens = prompt;
         let prompt_len = tokens.len();
         let plain = constraint.is_none();
-        if let Some(c) = constraint.as_mut() {
+        if let Some(c) = constraint.as_mut().filter(|_| !score_only) {
             let first = c.start().map_err(|e| RequestError::Constraint(format!("{e:#}")))?;
             let mut out = Vec::new();
             state.finished_early = self.absorb_forced(&mut state, &first, &mut out);
-            tokens.extend(out.iter().map(|t| t.token));
+            // A request ending here is fed only its prompt, if that is to be scored.
+            if state.finished_early.is_none() || !state.scoring_prompt() {
+                tokens.extend(out.iter().map(|t| t.token));
+            }
             state.pending = out;
         }
         state.constraint = constraint;
+        let scoring = state.scoring_prompt();
         let id = self.next_id;
         self.next_id += 1;
         self.requests.insert(id, state);
         self.scheduler.add(id, tokens, prompt_len, plain);
+        self.scheduler.set_scores_prompt(id, scoring);
         Ok(id)
     }
 
@@ -636,20 +679,29 @@ impl<B: Backend> LlmEngine<B> {
         // after a draft's tokens the masks the constraint already knows.
         let mut masked_rows: Vec<RowMask> = Vec::new();
         let mut drafts: HashMap<SeqId, Draft> = HashMap::new();
-        let sampling = plan.scheduled.iter().filter(|s| s.sample).count();
+        // For each logits row, in order: the prompt position it scores, if it is a scored
+        // prompt row (with the sequence), else `None` (a sampled or drafted row).
+        let mut scored_rows: Vec<Option<(SeqId, usize)>> = Vec::new();
+        // A request that ended before its first step is fed only to score its prompt.
+        let samples = |s: &ScheduledSeq, requests: &HashMap<SeqId, RequestState>| {
+            s.sample && requests.get(&s.id).is_none_or(|r| r.finished_early.is_none())
+        };
+        let sampled: Vec<SeqId> = plan.scheduled.iter().filter(|s| samples(s, &self.requests)).map(|s| s.id).collect();
+        let sampling = sampled.len();
         let (guessing, looking_up) = (sampling <= self.guess_max_seqs, sampling <= self.lookup_max_seqs);
         // What constrained sequences may still draft beside an unconstrained neighbour.
         let mut extra_rows_left = plan.extra_rows_left;
         for s in &plan.scheduled {
+            let sample = samples(s, &self.requests);
             let plain = self.scheduler.get(s.id).is_some_and(|seq| seq.plain);
             let max_rows = if plain { usize::MAX } else { extra_rows_left };
-            let confident = s.sample && self.confident(s.id);
-            let drafting = s.sample && (guessing || confident);
+            let confident = sample && self.confident(s.id);
+            let drafting = sample && (guessing || confident);
             let with_lookup = looking_up || confident;
             let draft = if drafting { self.draft(s.id, guessing, with_lookup, max_rows) } else { None };
             // Where lookup was not asked for a draft, ask it silently, so its hits still count;
             // where it was, its drafted tokens are counted when sampled (and it proposed none).
-            if s.sample && !(drafting && with_lookup) {
+            if sample && !(drafting && with_lookup) {
                 self.check_lookup_silently(s.id);
             }
             if let Some(d) = draft.as_ref().filter(|_| !plain) {
@@ -657,6 +709,25 @@ impl<B: Backend> LlmEngine<B> {
             }
             let Some(seq) = self.scheduler.get(s.id) else { continue };
             let tokens = &seq.tokens[s.start..s.start + s.len];
+            // Scored prompt rows first: the row at position p scores token p + 1.
+            if let Some(state) = self.requests.get_mut(&s.id).filter(|r| r.scoring_prompt()) {
+                if s.start > state.prompt_scored {
+                    // A row to score was never fed (the scheduler gives scored prompts no
+                    // cached prefix, so this is a bug): end the request rather than wait for
+                    // the row forever.
+                    let missed = state.prompt_scored + 1;
+                    state.prompt_scored = state.prompt_len;
+                    state.finished_early =
+                        Some(FinishReason::Error(format!("prompt position {missed} was not scored")));
+                } else {
+                    let end = (s.start + s.len).min(state.prompt_len - 1);
+                    for p in state.prompt_scored..end {
+                        batch.logits_rows.push(batch.len() + p - s.start);
+                        masked_rows.push(RowMask::Unknown);
+                        scored_rows.push(Some((s.id, p + 1)));
+                    }
+                }
+            }
             if let Some(draft) = draft {
                 // Logits of the last scheduled row (to sample) and of the last row of each
                 // drafted token with its span (the token after it).
@@ -676,15 +747,15 @@ impl<B: Backend> LlmEngine<B> {
                 self.stats.speculated_tokens += draft.items.len() as u64;
                 drafts.insert(s.id, draft);
             } else {
-                batch.push_sequence(tokens, s.start, seq.block_table(), self.block_size, s.sample);
-                if s.sample {
+                batch.push_sequence(tokens, s.start, seq.block_table(), self.block_size, sample);
+                if sample {
                     masked_rows.push(RowMask::Sampled(s.id));
                 }
             }
+            scored_rows.resize(batch.logits_rows.len(), None);
             let prompt_part = seq.prompt_len.saturating_sub(s.start).min(s.len);
             self.stats.prompt_tokens_computed += prompt_part as u64;
         }
-        let sampled: Vec<SeqId> = plan.scheduled.iter().filter(|s| s.sample).map(|s| s.id).collect();
         let started = Instant::now();
         let (logits, mut masks) = self.forward_with_masks(&batch, &sampled, &masked_rows);
         let mut logits = logits?;
@@ -693,7 +764,14 @@ impl<B: Backend> LlmEngine<B> {
         self.stats.step_ns += started.elapsed().as_nanos() as u64;
         self.scheduler.complete(&plan);
         let vocab = self.model.config().vocab_size;
-        let mut rows = logits.chunks_exact_mut(vocab);
+        let mut sampled_rows = Vec::with_capacity(sampled.len());
+        for (row, scored) in logits.chunks_exact_mut(vocab).zip(scored_rows.iter().chain(std::iter::repeat(&None))) {
+            match *scored {
+                Some((id, position)) => self.score_prompt_row(id, position, row),
+                None => sampled_rows.push(row),
+            }
+        }
+        let mut rows = sampled_rows.into_iter();
         for &id in &sampled {
             let Some(row) = rows.next() else { break };
             let update = match drafts.remove(&id) {
@@ -709,6 +787,22 @@ impl<B: Backend> LlmEngine<B> {
             updates.extend(update);
         }
         Ok(updates)
+    }
+
+    /// Scores prompt token `position` of sequence `id` with `logits`, the row before it, once
+    /// (a recomputed row after a preemption is not scored again); the last position ends the
+    /// scoring.
+    fn score_prompt_row(&mut self, id: SeqId, position: usize, logits: &[f32]) {
+        let (Some(state), Some(seq)) = (self.requests.get_mut(&id), self.scheduler.get(id)) else { return };
+        let (Some(top), Some(&token)) = (state.prompt_logprobs, seq.tokens.get(position)) else { return };
+        if position != state.prompt_scored + 1 {
+            return;
+        }
+        state.prompt_scores.push(score(logits, token, top));
+        state.prompt_scored = position;
+        if !state.scoring_prompt() {
+            self.scheduler.set_scores_prompt(id, false);
+        }
     }
 
     /// The tokens to speculate after sequence `id`'s scheduled tokens, each with the forced
@@ -927,9 +1021,15 @@ impl<B: Backend> LlmEngine<B> {
         self.stats.mask_wait_ns += waited.as_nanos() as u64;
     }
 
+    /// Ends the requests that ended before their first step, once their prompt is scored
+    /// where that was asked for.
     fn finish_early_requests(&mut self) -> Vec<SequenceUpdate> {
-        let ended: Vec<SeqId> =
-            self.requests.iter().filter(|(_, s)| s.finished_early.is_some()).map(|(&id, _)| id).collect();
+        let ended: Vec<SeqId> = self
+            .requests
+            .iter()
+            .filter(|(_, s)| s.finished_early.is_some() && !s.scoring_prompt())
+            .map(|(&id, _)| id)
+            .collect();
         ended
             .into_iter()
             .filter_map(|id| {
@@ -941,6 +1041,7 @@ impl<B: Backend> LlmEngine<B> {
                     text: state.text.delta(true),
                     stop_reason: state.stop_reason(state.finished_early.as_ref()),
                     finish: state.finished_early,
+                    prompt_logprobs: std::mem::take(&mut state.prompt_scores),
                 })
             })
             .collect()
@@ -998,12 +1099,13 @@ impl<B: Backend> LlmEngine<B> {
     ) -> SequenceUpdate {
         let text = state.text.delta(finish.is_some());
         let stop_reason = state.stop_reason(finish.as_ref());
+        let prompt_logprobs = std::mem::take(&mut state.prompt_scores);
         if finish.is_some() {
             self.scheduler.finish(id);
         } else {
             self.requests.insert(id, state);
         }
-        SequenceUpdate { id, tokens, text, finish, stop_reason }
+        SequenceUpdate { id, tokens, text, finish, stop_reason, prompt_logprobs }
     }
 
     fn advance_state(

@@ -373,6 +373,34 @@ pub struct Sampled {
     pub top: Vec<(u32, f32)>,
 }
 
+/// A given token's log-probability under the model's own distribution (vLLM's
+/// `prompt_logprobs`, OpenAI's `echo` with `logprobs`: a prompt token given the tokens before
+/// it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scored {
+    /// The token.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// 1 + the number of tokens more likely than it (vLLM's `rank`).
+    pub rank: usize,
+    /// The most likely tokens, best first (ties by lower id), each with its log-probability.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Scores `token` against `logits`, a row of raw model output: no penalty, bias, mask or
+/// temperature applies (vLLM's default, raw log-probabilities). `top` alternatives are
+/// listed; a log-probability of the token equals its entry among them bit for bit.
+pub fn score(logits: &[f32], token: u32, top: usize) -> Scored {
+    let log_z = log_sum_exp(logits);
+    let own = logits.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
+    let rank = 1 + logits.iter().filter(|&&l| l > own).count();
+    let mut best: Vec<(u32, f32)> =
+        top_k_indices(logits, top).into_iter().map(|i| (i as u32, logits[i] - log_z)).collect();
+    best.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    Scored { token, logprob: own - log_z, rank, top: best }
+}
+
 /// Why no token could be sampled.
 #[derive(Debug, Error, PartialEq)]
 pub enum SampleError {
@@ -907,6 +935,24 @@ mod tests {
         assert_eq!(s.top[0].0, 1);
         assert_eq!(s.top[1].0, 0);
         assert!((s.top[1].1 - 0.25f32.ln()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_given_token_is_scored_with_its_rank_and_the_best_alternatives() {
+        // Probabilities 1/8, 1/2, 1/4, 1/8.
+        let logits = vec![0.0, 4.0f32.ln(), 2.0f32.ln(), 0.0];
+        let s = score(&logits, 2, 2);
+        assert_eq!((s.token, s.rank), (2, 2));
+        assert!((s.logprob - 0.25f32.ln()).abs() < 1e-6, "{}", s.logprob);
+        assert_eq!(s.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(s.top[1].1, s.logprob, "the token's own entry is the same number");
+        // Ties rank alike; the best tied alternatives come by id.
+        let tied = score(&logits, 3, 4);
+        assert_eq!(tied.rank, 3);
+        assert_eq!(tied.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2, 0, 3]);
+        let best = score(&logits, 1, 0);
+        assert_eq!((best.rank, best.top.len()), (1, 0));
+        assert!((best.logprob - 0.5f32.ln()).abs() < 1e-6);
     }
 
     /// Rows of logits of several shapes: peaked like a language model's, flat, with ties,

@@ -18,6 +18,13 @@
 //! the front of the queue with its tokens, to be recomputed (vLLM's recompute preemption).
 //! A sequence is logits-ready ("sample") when a step computes up to its last token.
 //!
+//! **Scored prompts.** A sequence whose prompt tokens are scored (vLLM's `prompt_logprobs`,
+//! OpenAI's `echo` with `logprobs`: [`Scheduler::set_scores_prompt`]) needs the logits of
+//! every prompt row, so it takes no cached prefix (those rows would not be computed), and
+//! its prompt chunks share [`MAX_PROMPT_LOGITS_ROWS`] rows per step: each logits row is a
+//! vocabulary of floats (128 rows of a 152k vocabulary are 78 MB), where a plain prefill
+//! chunk keeps only its last row's.
+//!
 //! **Unconstrained neighbours.** A constrained sequence's fast-forward chunk adds rows to a
 //! step, and on a CPU every row costs compute that the whole batch waits for (two cores:
 //! about a third of a decode step per extra row with one sequence running, about a row's
@@ -36,6 +43,9 @@ use super::blocks::{BlockId, BlockManager, PrefixStats};
 
 /// A sequence's id, unique within an engine.
 pub type SeqId = u64;
+
+/// The most prompt rows of scored prompts fed per step (see the module docs).
+pub const MAX_PROMPT_LOGITS_ROWS: usize = 128;
 
 /// Limits of the scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +74,8 @@ pub struct Sequence {
     /// Unconstrained: its steps are one row each, and it is the neighbour that
     /// [`SchedulerConfig::extra_rows_beside_plain`] protects.
     pub plain: bool,
+    /// Its prompt rows' logits are wanted ([`Scheduler::set_scores_prompt`]).
+    pub scores_prompt: bool,
     /// Tokens it had computed when last preempted: recomputing them is prefill, not a chunk.
     resume_at: usize,
     block_table: Vec<BlockId>,
@@ -147,6 +159,7 @@ impl Scheduler {
             num_computed: 0,
             preemptions: 0,
             plain,
+            scores_prompt: false,
             resume_at: 0,
             block_table: Vec::new(),
             hashed_blocks: 0,
@@ -160,6 +173,15 @@ impl Scheduler {
     /// A sequence's state.
     pub fn get(&self, id: SeqId) -> Option<&Sequence> {
         self.seqs.get(&id)
+    }
+
+    /// Whether the sequence's prompt rows need their logits (scored prompts, see the module
+    /// docs): no cached prefix is taken for it while it does, and its prompt chunks are
+    /// limited to [`MAX_PROMPT_LOGITS_ROWS`] rows per step.
+    pub fn set_scores_prompt(&mut self, id: SeqId, on: bool) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.scores_prompt = on;
+        }
     }
 
     /// Appends generated tokens (sampled or forced) to a sequence.
@@ -253,6 +275,7 @@ impl Scheduler {
         order.sort_by_key(|id| self.seqs.get(id).map(|s| (s.num_computed < s.prompt_len, s.arrival)));
         let plain_decoding = order.iter().filter_map(|id| self.seqs.get(id)).any(|s| s.plain && s.decoding());
         let mut extra_left = plain_decoding.then_some(self.config.extra_rows_beside_plain);
+        let mut prompt_rows_left = MAX_PROMPT_LOGITS_ROWS;
         let mut i = 0;
         while i < order.len() && budget > 0 {
             let id = order[i];
@@ -270,6 +293,10 @@ impl Scheduler {
                 n = n.min(left.saturating_add(1));
                 *left -= n - 1;
                 out.cut_chunks += usize::from(n < whole);
+            }
+            let scoring = seq.scores_prompt && seq.num_computed < seq.prompt_len;
+            if scoring {
+                n = n.min(prompt_rows_left);
             }
             if n == 0 {
                 i += 1;
@@ -298,16 +325,19 @@ impl Scheduler {
             let Some(seq) = self.seqs.get(&id) else { continue };
             out.scheduled.push(ScheduledSeq { id, start: seq.num_computed, len: n, sample: end == seq.tokens.len() });
             budget -= n;
+            if scoring {
+                prompt_rows_left -= n;
+            }
             i += 1;
         }
         if out.preempted.is_empty() {
-            self.admit(&mut out, budget);
+            self.admit(&mut out, budget, prompt_rows_left);
         }
         out.extra_rows_left = extra_left.unwrap_or(usize::MAX);
         out
     }
 
-    fn admit(&mut self, out: &mut SchedulerOutput, mut budget: usize) {
+    fn admit(&mut self, out: &mut SchedulerOutput, mut budget: usize, mut prompt_rows_left: usize) {
         let block_size = self.blocks.block_size();
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
             let Some(&id) = self.waiting.front() else { break };
@@ -315,7 +345,7 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            if seq.block_table.is_empty() {
+            if seq.block_table.is_empty() && !seq.scores_prompt {
                 // Reuse cached full blocks, but always compute the last token: its logits
                 // are needed and its block must not be shared.
                 let max_blocks = (seq.tokens.len() - 1) / block_size;
@@ -325,7 +355,13 @@ impl Scheduler {
                 seq.last_hash = last_hash;
                 seq.block_table = found;
             }
-            let n = (seq.tokens.len() - seq.num_computed).min(budget);
+            let scoring = seq.scores_prompt && seq.num_computed < seq.prompt_len;
+            let n =
+                (seq.tokens.len() - seq.num_computed).min(if scoring { budget.min(prompt_rows_left) } else { budget });
+            if n == 0 {
+                // The step's scored prompt rows are taken: admitted in a later step, in order.
+                break;
+            }
             let end = seq.num_computed + n;
             let need = end.div_ceil(block_size).saturating_sub(seq.block_table.len());
             if need > self.blocks.num_available() {
@@ -339,6 +375,9 @@ impl Scheduler {
             let Some(seq) = self.seqs.get(&id) else { continue };
             out.scheduled.push(ScheduledSeq { id, start: seq.num_computed, len: n, sample: end == seq.tokens.len() });
             budget -= n;
+            if scoring {
+                prompt_rows_left -= n;
+            }
         }
     }
 
@@ -490,6 +529,48 @@ mod tests {
         // Two full blocks match, but the last token must be computed: only one is shared.
         assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 3, start: 2, len: 2, sample: true }]);
         assert_eq!(s.prefix_stats().hit_blocks, 3);
+    }
+
+    #[test]
+    fn scored_prompts_take_no_cached_prefix_and_share_the_prompt_rows_cap() {
+        let mut s = scheduler(1024, 2, 4, 1000);
+        s.add(1, vec![1, 2, 3, 4, 5], 5, false);
+        let plan = s.schedule();
+        s.complete(&plan);
+        s.finish(1);
+        // The same prompt, scored: every row is computed although two blocks are cached.
+        s.add(2, vec![1, 2, 3, 4, 5], 5, false);
+        s.set_scores_prompt(2, true);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 2, start: 0, len: 5, sample: true }]);
+        s.complete(&plan);
+        // Two long scored prompts and a plain one: the scored ones share the cap, in order,
+        // and the plain one is not held to it.
+        let long = |first: u32| -> Vec<u32> { (first..first + 200).collect() };
+        s.add(3, long(1000), 200, false);
+        s.set_scores_prompt(3, true);
+        s.add(4, long(2000), 200, false);
+        s.set_scores_prompt(4, true);
+        s.add(5, long(3000), 200, false);
+        // Sequence 4 waits for the next step, and 5 behind it (first come, first served).
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 3, start: 0, len: MAX_PROMPT_LOGITS_ROWS, sample: false }]);
+        s.complete(&plan);
+        let (rest, left) = (200 - MAX_PROMPT_LOGITS_ROWS, 2 * MAX_PROMPT_LOGITS_ROWS - 200);
+        let plan = s.schedule();
+        assert_eq!(
+            plan.scheduled,
+            vec![
+                ScheduledSeq { id: 3, start: MAX_PROMPT_LOGITS_ROWS, len: rest, sample: true },
+                ScheduledSeq { id: 4, start: 0, len: left, sample: false },
+                ScheduledSeq { id: 5, start: 0, len: 200, sample: true },
+            ]
+        );
+        s.complete(&plan);
+        // Once its prompt is scored, a sequence is an ordinary one again.
+        s.set_scores_prompt(4, false);
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled, vec![ScheduledSeq { id: 4, start: left, len: 200 - left, sample: true }]);
     }
 
     #[test]

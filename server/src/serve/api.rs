@@ -2,7 +2,7 @@
 //! engine parameters with range checks that name the field.
 //!
 //! Unknown fields are ignored (clients send vendor extras), as vLLM does. Accepted extras:
-//! vLLM's `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`,
+//! vLLM's `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `prompt_logprobs`,
 //! `structured_outputs` and the older `guided_*` fields, and dspark's plugin extension in
 //! `response_format` (see [`crate::serve::constraint`]).
 
@@ -113,6 +113,8 @@ pub struct Sampling {
     /// vLLM: words the answer must not contain (each as the model's tokens would spell it,
     /// with and without a leading space).
     pub bad_words: Option<Vec<String>>,
+    /// vLLM: score the prompt's tokens, each with this many best alternatives.
+    pub prompt_logprobs: Option<u32>,
     /// Structured output (OpenAI).
     pub response_format: Option<Value>,
     /// vLLM structured outputs.
@@ -193,6 +195,8 @@ pub struct Resolved {
     /// vLLM's `bad_words`, as given (the handler turns them into token sequences with the
     /// model's tokenizer).
     pub bad_words: Vec<String>,
+    /// vLLM's `prompt_logprobs`: alternatives per scored prompt token.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Resolved {
@@ -243,14 +247,32 @@ impl Sampling {
         defaults: &SamplingDefaults,
         vocab: usize,
     ) -> Result<Resolved, ApiError> {
+        self.resolve_echo(logprobs, defaults, vocab, false)
+    }
+
+    /// [`Self::resolve`] for a completions request: with `echo`, `max_tokens` may be 0 (the
+    /// prompt is returned, scored where `logprobs` asks, and nothing is generated; vLLM's
+    /// behaviour).
+    pub fn resolve_echo(
+        &self,
+        logprobs: Option<u32>,
+        defaults: &SamplingDefaults,
+        vocab: usize,
+        echo: bool,
+    ) -> Result<Resolved, ApiError> {
         let max_tokens = match (self.max_completion_tokens, self.max_tokens, defaults.max_tokens) {
             (Some(m), _, _) => Some(("max_completion_tokens", m)),
             (None, Some(m), _) => Some(("max_tokens", m)),
             (None, None, Some(m)) => Some(("max_tokens", m)),
             _ => None,
         };
-        if let Some((field, 0)) = max_tokens {
-            return Err(ApiError::invalid(field, format!("`{field}` must be at least 1")));
+        if let Some((field, 0)) = max_tokens
+            && !echo
+        {
+            return Err(ApiError::invalid(
+                field,
+                format!("`{field}` must be at least 1 (0 is allowed only with `echo` on /v1/completions)"),
+            ));
         }
         let n = self.n.unwrap_or(1);
         if n == 0 || n > MAX_N {
@@ -262,6 +284,14 @@ impl Sampling {
             return Err(ApiError::invalid(
                 "top_logprobs",
                 format!("`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"),
+            ));
+        }
+        if let Some(k) = self.prompt_logprobs
+            && k as usize > MAX_TOP_LOGPROBS
+        {
+            return Err(ApiError::invalid(
+                "prompt_logprobs",
+                format!("`prompt_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"),
             ));
         }
         let stop = match &self.stop {
@@ -345,6 +375,7 @@ impl Sampling {
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             truncate_prompt_tokens: self.truncate_prompt_tokens.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
             bad_words,
+            prompt_logprobs: self.prompt_logprobs.map(|k| k as usize),
         })
     }
 

@@ -1,5 +1,13 @@
 //! The HTTP handlers: chat and text completions (plain and streaming), models, plugins,
 //! health and metrics.
+//!
+//! Prompt scoring follows vLLM: `echo` (completions only) puts the prompt, as the model's
+//! tokens spell it after any truncation, before the generated text, and in a stream into the
+//! choice's first chunk; its tokens lead the legacy `logprobs`, each scored token listing
+//! itself among its `top_logprobs` (lm-evaluation-harness's greedy test compares a token's
+//! log-probability with the best of that object). `prompt_logprobs` is a per-choice field on
+//! completions (in a stream, on the choice's first chunk) and a top-level one on chat, which
+//! does not stream it.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -10,6 +18,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use dspark_host::engine::sampler::Scored;
 use dspark_host::engine::{
     FinishReason, GenerationRequest, SequenceConstraint, SequenceUpdate, StopReason, TokenOutput,
 };
@@ -174,12 +183,14 @@ async fn constraints(
     .map_err(|e| ApiError::internal(format!("constraint compilation failed: {e}")))?
 }
 
-/// Submits `n` choices for one prompt.
+/// Submits `n` choices for one prompt. `prompt_logprobs`: the prompt is scored, with that
+/// many alternatives per token.
 async fn submit(
     served: &Served,
     prompt: Vec<u32>,
     resolved: &Resolved,
     constraints: Vec<Option<Box<dyn SequenceConstraint>>>,
+    prompt_logprobs: Option<usize>,
 ) -> Result<Vec<Ticket>, ApiError> {
     let mut tickets = Vec::with_capacity(constraints.len());
     let bad_words = bad_word_tokens(served, &resolved.bad_words)?;
@@ -198,6 +209,7 @@ async fn submit(
             min_tokens: resolved.min_tokens,
             skip_special_tokens: resolved.skip_special_tokens,
             constraint,
+            prompt_logprobs,
         };
         tickets.push(served.worker.submit(request).await?);
     }
@@ -290,18 +302,23 @@ struct Collected {
     tokens: Vec<TokenOutput>,
     finish: FinishReason,
     stop_reason: Option<StopReason>,
+    prompt_logprobs: Vec<Scored>,
 }
 
 async fn collect(mut ticket: Ticket) -> Result<Collected, ApiError> {
     let mut text = String::new();
     let mut tokens = Vec::new();
+    let mut prompt_logprobs = Vec::new();
     while let Some(event) = ticket.events.recv().await {
         match event {
-            Event::Update(SequenceUpdate { tokens: t, text: delta, finish, stop_reason, .. }) => {
+            Event::Update(SequenceUpdate {
+                tokens: t, text: delta, finish, stop_reason, prompt_logprobs: p, ..
+            }) => {
                 text.push_str(&delta);
                 tokens.extend(t);
+                prompt_logprobs.extend(p);
                 if let Some(finish) = finish {
-                    return Ok(Collected { text, tokens, finish, stop_reason });
+                    return Ok(Collected { text, tokens, finish, stop_reason, prompt_logprobs });
                 }
             }
             Event::Failed(message) => return Err(ApiError::internal(message)),
@@ -342,12 +359,19 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
         None => None,
     };
     let prompt = resolved.truncate_prompt(chat_prompt(&served, &request)?);
+    if resolved.stream && resolved.prompt_logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "prompt_logprobs",
+            "`prompt_logprobs` is not supported with `stream` on /v1/chat/completions; use /v1/completions or a non-streaming request",
+        ));
+    }
+    let scored_prompt = resolved.prompt_logprobs.map(|_| prompt.clone());
     let id = request_id("chatcmpl");
     tracing::info!(request_id = %id, model = %request.model, prompt_tokens = prompt.len(), n = resolved.n, stream = resolved.stream, constraint = ?spec.as_ref().map(|s| &s.kind), "chat completion");
     let constraints = constraints(&state, &served, &spec, resolved.n).await?;
     let validator = output_validator(&spec);
     let prompt_tokens = prompt.len();
-    let tickets = submit(&served, prompt, &resolved, constraints).await?;
+    let tickets = submit(&served, prompt, &resolved, constraints, resolved.prompt_logprobs).await?;
     let created = unix_now();
     if resolved.stream {
         let head = StreamHead {
@@ -402,10 +426,14 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
     }
     let mut choices = Vec::new();
     let mut completion_tokens = 0;
+    let mut prompt_logprobs = Value::Null;
     for (index, ticket) in tickets.into_iter().enumerate() {
         let out = collect(ticket).await?;
         check_output(&served, validator.as_deref(), &out.text, &out.finish);
         completion_tokens += out.tokens.len();
+        if let (0, Some(prompt), Some(top)) = (index, &scored_prompt, resolved.prompt_logprobs) {
+            prompt_logprobs = prompt_logprobs_json(&served, prompt, &out.prompt_logprobs, top);
+        }
         let logprobs = resolved.sampling.logprobs.map(|_| json!({"content": token_logprobs(&served, &out.tokens)}));
         let (message, reason) = match &tool_plan {
             Some(plan) => {
@@ -429,11 +457,16 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
         );
     }
     tracing::info!(request_id = %id, completion_tokens, finish = ?choices.iter().map(|c| c["finish_reason"].clone()).collect::<Vec<_>>(), "chat completion done");
-    Ok(axum::Json(json!({
+    let mut body = json!({
         "id": id, "object": "chat.completion", "created": created, "model": request.model,
         "choices": choices, "usage": usage(prompt_tokens, completion_tokens),
-    }))
-    .into_response())
+    });
+    // vLLM's place for a chat request's prompt scores: beside the choices (they share the
+    // prompt).
+    if scored_prompt.is_some() {
+        body["prompt_logprobs"] = prompt_logprobs;
+    }
+    Ok(axum::Json(body).into_response())
 }
 
 /// Merges the tickets' events into one channel of (choice index, event).
@@ -554,22 +587,106 @@ fn completion_prompts(served: &Served, prompt: &Value) -> Result<Vec<Vec<u32>>, 
     Ok(prompts)
 }
 
-/// Token logprobs in the legacy completions format.
-fn completion_logprobs(served: &Served, tokens: &[TokenOutput]) -> Value {
+/// The text of `tokens` as the vocabulary spells them, special tokens included: what `echo`
+/// puts before a completion (the prompt as the model read it, after any truncation).
+fn tokens_text(served: &Served, tokens: &[u32]) -> String {
+    let table = served.worker.tokenizer.tokenizer.table();
+    let bytes: Vec<u8> = tokens.iter().flat_map(|&t| table.token_bytes(t).iter().copied()).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first prompt token, then for each scored token an
+/// object from token ids (as strings) to `{"logprob", "rank", "decoded_token"}`, holding the
+/// token itself and its `top` best alternatives.
+fn prompt_logprobs_json(served: &Served, prompt: &[u32], scores: &[Scored], top: usize) -> Value {
     let table = served.worker.tokenizer.tokenizer.table();
     let text = |id: u32| String::from_utf8_lossy(table.token_bytes(id)).into_owned();
-    let top = |t: &TokenOutput| -> serde_json::Map<String, Value> {
-        if t.forced {
-            [(text(t.token), json!(0.0))].into_iter().collect()
-        } else {
-            t.top_logprobs.iter().map(|&(id, lp)| (text(id), json!(lp))).collect()
+    let first = prompt.first().map(|_| Value::Null);
+    let scored = scores.iter().map(|s| {
+        let mut entries = serde_json::Map::new();
+        for (rank, &(id, logprob)) in s.top.iter().take(top).enumerate() {
+            entries.insert(id.to_string(), json!({"logprob": logprob, "rank": rank + 1, "decoded_token": text(id)}));
         }
-    };
-    json!({
-        "tokens": tokens.iter().map(|t| text(t.token)).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| t.logprob.unwrap_or(0.0)).collect::<Vec<_>>(),
-        "top_logprobs": tokens.iter().map(|t| Value::Object(top(t))).collect::<Vec<_>>(),
-    })
+        entries
+            .insert(s.token.to_string(), json!({"logprob": s.logprob, "rank": s.rank, "decoded_token": text(s.token)}));
+        Value::Object(entries)
+    });
+    Value::Array(first.into_iter().chain(scored).collect())
+}
+
+/// Builds a choice's `logprobs` in the legacy completions format: `tokens`, `token_logprobs`,
+/// `top_logprobs` (objects from token text to log-probability) and `text_offset` (where each
+/// token starts in the choice's text, in characters), across the chunks of a stream.
+struct LegacyLogprobs {
+    top: usize,
+    offset: usize,
+    tokens: Vec<Value>,
+    token_logprobs: Vec<Value>,
+    top_logprobs: Vec<Value>,
+    text_offset: Vec<Value>,
+}
+
+impl LegacyLogprobs {
+    /// Entries with `top` alternatives each, the first token starting at character `offset`.
+    fn new(top: usize, offset: usize) -> Self {
+        Self {
+            top,
+            offset,
+            tokens: Vec::new(),
+            token_logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
+            text_offset: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, text: String, logprob: Value, top: Value) {
+        self.text_offset.push(json!(self.offset));
+        self.offset += text.chars().count();
+        self.tokens.push(json!(text));
+        self.token_logprobs.push(logprob);
+        self.top_logprobs.push(top);
+    }
+
+    /// The echoed prompt: its first token has no log-probability (`null`), the rest their
+    /// scores, each with its alternatives and itself among them (as vLLM and OpenAI list it).
+    fn push_prompt(&mut self, served: &Served, prompt: &[u32], scores: &[Scored]) {
+        let table = served.worker.tokenizer.tokenizer.table();
+        let text = |id: u32| String::from_utf8_lossy(table.token_bytes(id)).into_owned();
+        if let Some(&first) = prompt.first() {
+            self.push(text(first), Value::Null, Value::Null);
+        }
+        for s in scores {
+            let mut top: serde_json::Map<String, Value> =
+                s.top.iter().take(self.top).map(|&(id, lp)| (text(id), json!(lp))).collect();
+            top.insert(text(s.token), json!(s.logprob));
+            self.push(text(s.token), json!(s.logprob), Value::Object(top));
+        }
+    }
+
+    /// Generated tokens; a forced token had no alternative (probability 1).
+    fn push_output(&mut self, served: &Served, tokens: &[TokenOutput]) {
+        let table = served.worker.tokenizer.tokenizer.table();
+        let text = |id: u32| String::from_utf8_lossy(table.token_bytes(id)).into_owned();
+        for t in tokens {
+            let top: serde_json::Map<String, Value> = if t.forced {
+                [(text(t.token), json!(0.0))].into_iter().collect()
+            } else {
+                t.top_logprobs.iter().map(|&(id, lp)| (text(id), json!(lp))).collect()
+            };
+            self.push(text(t.token), json!(t.logprob.unwrap_or(0.0)), Value::Object(top));
+        }
+    }
+
+    /// The entries so far, as JSON; they are cleared, and the offset runs on (a stream's
+    /// next chunk).
+    fn take(&mut self) -> Value {
+        json!({
+            "tokens": std::mem::take(&mut self.tokens),
+            "token_logprobs": std::mem::take(&mut self.token_logprobs),
+            "top_logprobs": std::mem::take(&mut self.top_logprobs),
+            "text_offset": std::mem::take(&mut self.text_offset),
+        })
+    }
 }
 
 /// `POST /v1/completions`.
@@ -577,29 +694,61 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes,
     complete(state, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// What a completions request does with its prompts beyond generating after them.
+#[derive(Clone, Copy)]
+struct PromptUse {
+    /// `echo`: the prompt starts each choice's text (and its logprobs, when asked for).
+    echo: bool,
+    /// Alternatives per token in the legacy `logprobs`, when asked for.
+    logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs`.
+    prompt_logprobs: Option<usize>,
+}
+
+impl PromptUse {
+    /// The alternatives the engine scores each prompt token with, when it scores them: for
+    /// `echo` with `logprobs`, `prompt_logprobs`, and `echo` without generation (the engine
+    /// runs a request with nothing to generate only to score its prompt).
+    fn scoring(&self, max_tokens: Option<usize>) -> Option<usize> {
+        let echoed = self.logprobs.filter(|_| self.echo);
+        let only_echo = (self.echo && max_tokens == Some(0)).then_some(0);
+        [echoed, self.prompt_logprobs, only_echo].into_iter().flatten().max()
+    }
+}
+
 async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = body_bytes(&state, body)?;
     let (request, sampling): (CompletionRequest, _) = parse_body(&body)?;
     let served = state.models.get(&request.model)?;
-    if request.echo {
-        return Err(ApiError::invalid("echo", "`echo` is not supported"));
-    }
     if request.suffix.is_some() {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
-    let resolved = sampling.resolve(request.logprobs, &served.entry.config.sampling, served.worker.vocab_size)?;
+    let resolved = sampling.resolve_echo(
+        request.logprobs,
+        &served.entry.config.sampling,
+        served.worker.vocab_size,
+        request.echo,
+    )?;
+    let uses = PromptUse {
+        echo: request.echo,
+        logprobs: resolved.sampling.logprobs,
+        prompt_logprobs: resolved.prompt_logprobs,
+    };
+    let scoring = uses.scoring(resolved.max_tokens);
     let spec = constraint::from_request(&sampling)?;
     let prompts: Vec<Vec<u32>> =
         completion_prompts(&served, &request.prompt)?.into_iter().map(|p| resolved.truncate_prompt(p)).collect();
     let id = request_id("cmpl");
-    tracing::info!(request_id = %id, model = %request.model, prompts = prompts.len(), n = resolved.n, stream = resolved.stream, "completion");
+    tracing::info!(request_id = %id, model = %request.model, prompts = prompts.len(), n = resolved.n, stream = resolved.stream, echo = request.echo, "completion");
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let validator = output_validator(&spec);
     let mut tickets = Vec::new();
-    for prompt in prompts {
+    for prompt in &prompts {
         let constraints = constraints(&state, &served, &spec, resolved.n).await?;
-        tickets.extend(submit(&served, prompt, &resolved, constraints).await?);
+        tickets.extend(submit(&served, prompt.clone(), &resolved, constraints, scoring).await?);
     }
+    // The prompt of choice `index` (choices come `n` to a prompt, in prompt order).
+    let n = resolved.n;
     let created = unix_now();
     if resolved.stream {
         let head = StreamHead {
@@ -612,14 +761,36 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
             prompt_tokens,
             include_usage: resolved.include_usage,
         };
-        let want_logprobs = resolved.sampling.logprobs.is_some();
+        // Per choice: its logprobs builder, and whether its first chunk (which carries the
+        // echoed prompt and the prompt's scores) was sent.
+        let mut logprobs: Vec<Option<LegacyLogprobs>> =
+            (0..tickets.len()).map(|_| uses.logprobs.map(|k| LegacyLogprobs::new(k, 0))).collect();
+        let mut started = vec![false; tickets.len()];
         return Ok(stream_response(head, tickets, Vec::new(), move |served, index, update| {
-            let logprobs = want_logprobs.then(|| completion_logprobs(served, &update.tokens));
-            let finish = update.finish.as_ref().map(finish_reason);
-            let stop = stop_reason(update.stop_reason.as_ref());
-            vec![
-                json!({"index": index, "text": update.text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stop}),
-            ]
+            let prompt = &prompts[index / n];
+            let mut text = String::new();
+            let mut choice = json!({"index": index});
+            if !std::mem::replace(&mut started[index], true) {
+                if uses.echo {
+                    text = tokens_text(served, prompt);
+                    if let Some(builder) = logprobs[index].as_mut() {
+                        builder.push_prompt(served, prompt, &update.prompt_logprobs);
+                    }
+                }
+                if let Some(top) = uses.prompt_logprobs {
+                    choice["prompt_logprobs"] = prompt_logprobs_json(served, prompt, &update.prompt_logprobs, top);
+                }
+            }
+            text.push_str(&update.text);
+            let logprobs = logprobs[index].as_mut().map(|builder| {
+                builder.push_output(served, &update.tokens);
+                builder.take()
+            });
+            choice["text"] = json!(text);
+            choice["logprobs"] = logprobs.unwrap_or(Value::Null);
+            choice["finish_reason"] = json!(update.finish.as_ref().map(finish_reason));
+            choice["stop_reason"] = stop_reason(update.stop_reason.as_ref());
+            vec![choice]
         }));
     }
     let mut choices = Vec::new();
@@ -628,11 +799,27 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         let out = collect(ticket).await?;
         check_output(&served, validator.as_deref(), &out.text, &out.finish);
         completion_tokens += out.tokens.len();
-        let logprobs = resolved.sampling.logprobs.map(|_| completion_logprobs(&served, &out.tokens));
+        let prompt = &prompts[index / n];
+        let mut text = String::new();
+        let mut logprobs = uses.logprobs.map(|k| LegacyLogprobs::new(k, 0));
+        if uses.echo {
+            text = tokens_text(&served, prompt);
+            if let Some(builder) = logprobs.as_mut() {
+                builder.push_prompt(&served, prompt, &out.prompt_logprobs);
+            }
+        }
+        text.push_str(&out.text);
+        let logprobs = logprobs.map(|mut builder| {
+            builder.push_output(&served, &out.tokens);
+            builder.take()
+        });
         let (finish, stop) = (finish_reason(&out.finish), stop_reason(out.stop_reason.as_ref()));
-        choices.push(
-            json!({"index": index, "text": out.text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stop}),
-        );
+        let mut choice =
+            json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stop});
+        if let Some(top) = uses.prompt_logprobs {
+            choice["prompt_logprobs"] = prompt_logprobs_json(&served, prompt, &out.prompt_logprobs, top);
+        }
+        choices.push(choice);
     }
     tracing::info!(request_id = %id, completion_tokens, "completion done");
     Ok(axum::Json(json!({
