@@ -514,6 +514,24 @@ fn prompt_lookup_drafts_save_steps_without_changing_the_output() {
     for seed in [1, 2, 3] {
         assert_eq!(run_all(&mut b, vec![sampled(seed)]), run_all(&mut a, vec![sampled(seed)]), "seed {seed}");
     }
+
+    // A drafted token is sampled like any other: a banned word the draft copies from the
+    // prompt is not taken, and `min_tokens` keeps EOS back, with drafts as without.
+    let copied = &expected[0].0;
+    let banned = copied[copied.len() / 3];
+    let restricted = || {
+        let mut r = greedy(prompts[0].clone(), 48);
+        r.sampling.bad_words = vec![vec![banned]];
+        r.ignore_eos = false;
+        r.min_tokens = copied.len().min(40);
+        r
+    };
+    let drafted_before = b.stats().speculated_accepted;
+    let got = run_all(&mut b, vec![restricted()]);
+    assert_eq!(got, run_all(&mut a, vec![restricted()]));
+    assert!(!got[0].0.contains(&banned), "the banned token {banned} was taken: {:?}", got[0].0);
+    assert!(got[0].0.len() >= copied.len().min(40));
+    assert!(b.stats().speculated_accepted > drafted_before, "drafts were drawn around the ban");
 }
 
 #[test]

@@ -183,20 +183,21 @@ async fn constraints(
     .map_err(|e| ApiError::internal(format!("constraint compilation failed: {e}")))?
 }
 
-/// Submits `n` choices for one prompt. `prompt_logprobs`: the prompt is scored, with that
-/// many alternatives per token.
+/// Submits `n` choices for one prompt. `bad_words` are `resolved.bad_words` as token
+/// sequences ([`bad_word_tokens`], once per request); `prompt_logprobs`: the prompt is scored,
+/// with that many alternatives per token.
 async fn submit(
     served: &Served,
     prompt: Vec<u32>,
     resolved: &Resolved,
+    bad_words: &[Vec<u32>],
     constraints: Vec<Option<Box<dyn SequenceConstraint>>>,
     prompt_logprobs: Option<usize>,
 ) -> Result<Vec<Ticket>, ApiError> {
     let mut tickets = Vec::with_capacity(constraints.len());
-    let bad_words = bad_word_tokens(served, &resolved.bad_words)?;
     for (i, constraint) in constraints.into_iter().enumerate() {
         let mut sampling = resolved.sampling.clone();
-        sampling.bad_words = bad_words.clone();
+        sampling.bad_words = bad_words.to_vec();
         sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
         let request = GenerationRequest {
             prompt: prompt.clone(),
@@ -371,7 +372,8 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
     let constraints = constraints(&state, &served, &spec, resolved.n).await?;
     let validator = output_validator(&spec);
     let prompt_tokens = prompt.len();
-    let tickets = submit(&served, prompt, &resolved, constraints, resolved.prompt_logprobs).await?;
+    let bad_words = bad_word_tokens(&served, &resolved.bad_words)?;
+    let tickets = submit(&served, prompt, &resolved, &bad_words, constraints, resolved.prompt_logprobs).await?;
     let created = unix_now();
     if resolved.stream {
         let head = StreamHead {
@@ -742,10 +744,11 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
     tracing::info!(request_id = %id, model = %request.model, prompts = prompts.len(), n = resolved.n, stream = resolved.stream, echo = request.echo, "completion");
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let validator = output_validator(&spec);
+    let bad_words = bad_word_tokens(&served, &resolved.bad_words)?;
     let mut tickets = Vec::new();
     for prompt in &prompts {
         let constraints = constraints(&state, &served, &spec, resolved.n).await?;
-        tickets.extend(submit(&served, prompt.clone(), &resolved, constraints, scoring).await?);
+        tickets.extend(submit(&served, prompt.clone(), &resolved, &bad_words, constraints, scoring).await?);
     }
     // The prompt of choice `index` (choices come `n` to a prompt, in prompt order).
     let n = resolved.n;
