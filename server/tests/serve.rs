@@ -1105,6 +1105,49 @@ fn echo_and_prompt_logprobs_score_prompts_as_evaluation_harnesses_read_them() {
     assert_error(&many, 400, Some("prompt_logprobs"), "`prompt_logprobs` must be between 0 and 20, got 21");
 }
 
+/// vLLM's `/tokenize` and `/detokenize`: a prompt's ids are the tokenizer's, a conversation's
+/// count is what a chat completion bills as its prompt, and ids come back as the text.
+#[test]
+fn tokenize_and_detokenize_as_vllm_serves_them() {
+    let server = start(&[]);
+    let addr = server.addr;
+    let (tokenizer, _) = smollm2_tokenizer();
+    let text = "The capital of France is Paris.";
+    let r = post_json(addr, "/tokenize", &json!({"model": MODEL, "prompt": text, "return_token_strs": true}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = r.json();
+    let ids = tokenizer.encode(text).unwrap();
+    assert_eq!(r["tokens"], json!(ids));
+    assert_eq!(r["count"], ids.len());
+    assert!(r["max_model_len"].as_u64().unwrap() > 0);
+    let strs: String = r["token_strs"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    assert!(strs.ends_with(text), "{strs:?}");
+    let back = post_json(addr, "/detokenize", &json!({"model": MODEL, "tokens": ids}));
+    assert_eq!(back.status, 200, "{}", back.body);
+    assert_eq!(back.json()["prompt"].as_str().unwrap(), strs);
+
+    let messages = json!([{"role": "user", "content": "Hi"}]);
+    let counted = post_json(addr, "/tokenize", &json!({"model": MODEL, "messages": messages})).json();
+    let billed = post_json(
+        addr,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": messages, "max_tokens": 1, "temperature": 0}),
+    )
+    .json();
+    assert_eq!(counted["count"], billed["usage"]["prompt_tokens"], "{counted} {billed}");
+    let without =
+        post_json(addr, "/tokenize", &json!({"model": MODEL, "messages": messages, "add_generation_prompt": false}))
+            .json();
+    assert!(without["count"].as_u64() < counted["count"].as_u64(), "{without}");
+
+    let both = post_json(addr, "/tokenize", &json!({"model": MODEL, "prompt": "a", "messages": messages}));
+    assert_error(&both, 400, Some("prompt"), "exactly one of `prompt`");
+    let outside = post_json(addr, "/detokenize", &json!({"model": MODEL, "tokens": [1, 9999999]}));
+    assert_error(&outside, 400, Some("tokens"), "`tokens` holds 9999999, outside the vocabulary");
+    let unknown = post_json(addr, "/tokenize", &json!({"model": "nope", "prompt": "a"}));
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+}
+
 /// SmolLM2's tokenizer, read from its GGUF file, and its vocabulary size.
 fn smollm2_tokenizer() -> (ModelTokenizer, u32) {
     let path = smollm2();

@@ -165,6 +165,31 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
 }
 
+/// `POST /tokenize` (vLLM's), besides a chat request's fields when it gives `messages`.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    /// The served model name.
+    pub model: String,
+    /// Text to tokenise as a completions prompt.
+    pub prompt: Option<String>,
+    /// With `prompt`: add the model's BOS where it wants one (default true).
+    pub add_special_tokens: Option<bool>,
+    /// With `messages`: open the assistant's turn (default true).
+    pub add_generation_prompt: Option<bool>,
+    /// Return each token's text too.
+    #[serde(default)]
+    pub return_token_strs: bool,
+}
+
+/// `POST /detokenize` (vLLM's).
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    /// The served model name.
+    pub model: String,
+    /// Token ids.
+    pub tokens: Vec<u32>,
+}
+
 /// Engine parameters resolved from a request.
 #[derive(Debug, Clone)]
 pub struct Resolved {

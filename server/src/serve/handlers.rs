@@ -27,7 +27,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::AppState;
-use super::api::{ChatRequest, CompletionRequest, Resolved, parse_body};
+use super::api::{
+    ChatRequest, CompletionRequest, DetokenizeRequest, Resolved, TokenizeRequest, from_body, parse_body, parse_json,
+};
 use super::constraint::{self, ConstraintSpec};
 use super::error::ApiError;
 use super::models::Served;
@@ -130,8 +132,9 @@ fn normalise_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
         .collect()
 }
 
-/// The prompt tokens of a chat request.
-fn chat_prompt(served: &Served, request: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+/// The prompt tokens of a chat request; `add_generation_prompt` opens the assistant's turn
+/// (as a chat completion always does).
+fn chat_prompt(served: &Served, request: &ChatRequest, add_generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
     let messages = tools::prepare_messages(served, normalise_messages(&request.messages)?, request.tools.as_deref());
     let tokenizer = &served.worker.tokenizer;
     let template = match &served.chat_template {
@@ -146,7 +149,7 @@ fn chat_prompt(served: &Served, request: &ChatRequest) -> Result<Vec<u32>, ApiEr
     };
     let tools = request.tools.as_deref();
     let text = template
-        .render(&messages, tools, true)
+        .render(&messages, tools, add_generation_prompt)
         .map_err(|e| ApiError::invalid("messages", format!("the chat template rejected the conversation: {e:#}")))?;
     // The template already wrote BOS where the model wants it.
     let ids =
@@ -359,7 +362,7 @@ async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Resu
         }
         None => None,
     };
-    let prompt = resolved.truncate_prompt(chat_prompt(&served, &request)?);
+    let prompt = resolved.truncate_prompt(chat_prompt(&served, &request, true)?);
     if resolved.stream && resolved.prompt_logprobs.is_some() {
         return Err(ApiError::invalid(
             "prompt_logprobs",
@@ -830,4 +833,63 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
         "choices": choices, "usage": usage(prompt_tokens, completion_tokens),
     }))
     .into_response())
+}
+
+/// `POST /tokenize` (vLLM's): a completions `prompt` (a string) or chat `messages` (through the
+/// chat template, with the model's `tools` rendering) as the model's token ids, with their
+/// count and the model's `max_model_len`; `return_token_strs` adds each token's text.
+pub async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    tokenize_request(state, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn tokenize_request(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = parse_json(&body_bytes(&state, body)?)?;
+    let request: TokenizeRequest = from_body(&body)?;
+    let served = state.models.get(&request.model)?;
+    let tokens = match (&request.prompt, body.get("messages")) {
+        (Some(prompt), None) => {
+            let tokenizer = &served.worker.tokenizer;
+            if request.add_special_tokens.unwrap_or(true) {
+                tokenizer.encode(prompt).map_err(|e| ApiError::internal(format!("{e:#}")))?
+            } else {
+                let encoding = tokenizer
+                    .tokenizer
+                    .inner()
+                    .encode(prompt.as_str(), false)
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                encoding.get_ids().to_vec()
+            }
+        }
+        (None, Some(_)) => {
+            let chat: ChatRequest = from_body(&body)?;
+            chat_prompt(&served, &chat, request.add_generation_prompt.unwrap_or(true))?
+        }
+        _ => return Err(ApiError::invalid("prompt", "give exactly one of `prompt` (a string) and `messages`")),
+    };
+    let token_strs = request.return_token_strs.then(|| {
+        let table = served.worker.tokenizer.tokenizer.table();
+        tokens.iter().map(|&t| String::from_utf8_lossy(table.token_bytes(t)).into_owned()).collect::<Vec<_>>()
+    });
+    Ok(axum::Json(json!({
+        "count": tokens.len(), "max_model_len": served.worker.max_model_len, "tokens": tokens, "token_strs": token_strs,
+    }))
+    .into_response())
+}
+
+/// `POST /detokenize` (vLLM's): token ids back to text, special tokens included.
+pub async fn detokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    detokenize_request(state, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn detokenize_request(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let request: DetokenizeRequest = from_body(&parse_json(&body_bytes(&state, body)?)?)?;
+    let served = state.models.get(&request.model)?;
+    let vocab = served.worker.vocab_size;
+    if let Some(bad) = request.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("`tokens` holds {bad}, outside the vocabulary (size {vocab})"),
+        ));
+    }
+    Ok(axum::Json(json!({"prompt": tokens_text(&served, &request.tokens)})).into_response())
 }

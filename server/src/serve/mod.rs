@@ -85,6 +85,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/models", get(handlers::models))
         .route("/v1/plugins", get(handlers::plugins))
+        // vLLM serves these beside /v1; here they take the API key like the model routes.
+        .route("/tokenize", post(handlers::tokenize))
+        .route("/detokenize", post(handlers::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .merge(v1)
