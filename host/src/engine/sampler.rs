@@ -554,7 +554,9 @@ fn top_k_indices(logits: &[f32], k: usize) -> Vec<usize> {
     for (i, &l) in logits.iter().enumerate() {
         // `NaN` and `-inf` are never taken; a logit equal to the k-th best loses (lower
         // index first).
-        if !(l > f32::NEG_INFINITY) || best.len() == k && !(l > logits[best[k - 1]]) {
+        let finite = l > f32::NEG_INFINITY;
+        let beats_kth = best.len() < k || l > logits[best[k - 1]];
+        if !finite || !beats_kth {
             continue;
         }
         let at = best.partition_point(|&b| logits[b] >= l);
