@@ -1836,7 +1836,53 @@ impl<'a> Compiler<'a> {
                 message: "`multipleOf` on a non-integer is checked with a floating-point tolerance".into(),
             });
         }
+        if admits_no_number(integer, min, max, multiple_of, exact) {
+            // As for `minLength` above `maxLength`: nothing, so that a schema left with
+            // nothing is a compile-time error rather than a dead end while writing.
+            return Ok(NEVER);
+        }
         Ok(self.push(Node::Number(NumberNode { integer, min, max, multiple_of, exact, keep_value: false })))
+    }
+}
+
+/// Whether no number (no integer, for an `integer` node) satisfies the bounds and, for integers
+/// with an integral `multipleOf`, that too. Only where that is certain: f64 comparisons are
+/// exact for bounds up to 2^53 in magnitude, and [`NumberNode::exact`] bounds are integers;
+/// beyond that, and for fractional `multipleOf` (checked with a tolerance while writing), the
+/// answer is "some number may fit".
+fn admits_no_number(
+    integer: bool,
+    min: Option<(f64, bool)>,
+    max: Option<(f64, bool)>,
+    multiple_of: Option<f64>,
+    exact: Option<(i128, i128)>,
+) -> bool {
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    if exact.is_some_and(|(lo, hi)| lo > hi) {
+        return true;
+    }
+    let (Some((lo, lo_exclusive)), Some((hi, hi_exclusive))) = (min, max) else {
+        return false;
+    };
+    if lo > hi || (lo == hi && (lo_exclusive || hi_exclusive)) {
+        return true;
+    }
+    if !integer || lo.abs() > EXACT || hi.abs() > EXACT {
+        return false;
+    }
+    // The first and last integers in range, exact as integers below 2^53.
+    let first = if lo_exclusive { lo.floor() + 1.0 } else { lo.ceil() } as i128;
+    let last = if hi_exclusive { hi.ceil() - 1.0 } else { hi.floor() } as i128;
+    if first > last {
+        return true;
+    }
+    match multiple_of {
+        Some(m) if m.fract() == 0.0 && m <= EXACT => {
+            let m = m as i128;
+            let first_multiple = first.div_euclid(m) * m + if first.rem_euclid(m) == 0 { 0 } else { m };
+            first_multiple > last
+        }
+        _ => false,
     }
 }
 

@@ -187,6 +187,43 @@ fn unsatisfiable_required_members_are_found_at_compile_time() {
     assert!(compile_recognizer("json-schema", arrays, "{}").is_ok(), "a huge minItems is productive (and fast)");
 }
 
+/// Numeric bounds that no number (or no integer) fits are found at compile time, as
+/// `minLength` above `maxLength` is: the server answers 400 instead of starting a generation
+/// that can only end at a dead end. Bounds that leave one value keep it.
+#[test]
+fn numeric_bounds_that_admit_nothing_are_found_at_compile_time() {
+    let empty = [
+        r#"{"type":"integer","minimum":5,"maximum":3}"#,
+        r#"{"type":"number","minimum":5,"maximum":3}"#,
+        r#"{"type":"number","minimum":3,"exclusiveMaximum":3}"#,
+        r#"{"type":"integer","exclusiveMinimum":3,"exclusiveMaximum":4}"#,
+        r#"{"type":"integer","minimum":3.5,"maximum":3.9}"#,
+        r#"{"type":"integer","minimum":1,"maximum":6,"multipleOf":7}"#,
+        r#"{"type":"integer","minimum":-6,"maximum":-1,"multipleOf":7}"#,
+        // Beyond 2^53 both bounds are the same f64; the exact integer bounds tell them apart.
+        r#"{"type":"integer","minimum":18446744073709551615,"maximum":18446744073709551610}"#,
+        r#"{"type":"object","properties":{"n":{"type":"integer","minimum":2,"maximum":1}},"required":["n"]}"#,
+    ];
+    for schema in empty {
+        let e =
+            compile_recognizer("json-schema", schema, "{}").err().unwrap_or_else(|| panic!("{schema} admits nothing"));
+        assert!(e.message.starts_with("the schema admits no value"), "{schema}: {e}");
+    }
+    check(r#"{"type":"number","exclusiveMinimum":3,"exclusiveMaximum":4}"#, "{}", &["3.5"], &["3", "4"]);
+    check(r#"{"type":"integer","minimum":3,"maximum":3}"#, "{}", &["3"], &["2", "4"]);
+    check(r#"{"type":"integer","minimum":3.5,"maximum":4.5}"#, "{}", &["4"], &["3", "5"]);
+    check(r#"{"type":"integer","minimum":-8,"maximum":-6,"multipleOf":7}"#, "{}", &["-7"], &["-8", "-6"]);
+    check(r#"{"type":"integer","minimum":1,"maximum":6,"multipleOf":0.5}"#, "{}", &["1", "6"], &["0", "7"]);
+    // Only the numbers are ruled out: the other types and optional members stay.
+    check(r#"{"type":["integer","string"],"minimum":5,"maximum":3}"#, "{}", &[r#""x""#], &["4"]);
+    check(
+        r#"{"type":"object","properties":{"n":{"type":"integer","minimum":2,"maximum":1}},"additionalProperties":false}"#,
+        "{}",
+        &["{}"],
+        &[r#"{"n":1}"#],
+    );
+}
+
 /// Whether some document under `rec` starts with `prefix` (the recogniser's promise: a state
 /// it returns can still reach an accepting one).
 fn prefix_alive(rec: &impl Recognizer, prefix: &str) -> bool {
