@@ -262,6 +262,17 @@ fn errors_use_the_openai_shape_and_status() {
     assert_error(&r, 400, Some("response_format.json_schema.strict"), "must be a boolean");
     let r = post(&chat(json!({"structured_outputs": {"regex": "(unclosed"}})).to_string());
     assert_error(&r, 400, Some("structured_outputs.regex"), "regex");
+    // Constraints that no output satisfies are refused up front, not served into a dead end.
+    let r = post(&chat(json!({"structured_outputs": {"regex": "x*[^\\s\\S]"}})).to_string());
+    assert_error(&r, 400, Some("structured_outputs.regex"), "the regex matches no text at all");
+    let contradictory = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 3}}, "required": ["n"]});
+    let r = post(
+        &chat(
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": contradictory}}}),
+        )
+        .to_string(),
+    );
+    assert_error(&r, 400, Some("response_format.json_schema.schema"), "the schema admits no value");
     let r = post(&chat(json!({"structured_outputs": {"regex": "a"}, "guided_choice": ["b"]})).to_string());
     assert_error(&r, 400, Some("guided_choice"), "only one output constraint");
 

@@ -1609,10 +1609,21 @@ impl<'a> Compiler<'a> {
         for (p, search, at) in sources {
             patterns.push(self.dfa(&p, search, &at)?);
         }
-        if min_len > max_len {
+        // Nothing: the lengths contradict, or a pattern matches no text at all.
+        if min_len > max_len || patterns.iter().any(|&p| !self.pattern_matches_some_text(p)) {
             return Ok(NEVER);
         }
         Ok(self.push(Node::String(StringNode { min_len, max_len, patterns })))
+    }
+
+    /// Whether some text matches the compiled pattern `index`: its start state is live.
+    fn pattern_matches_some_text(&self, index: u32) -> bool {
+        use regex_automata::dfa::Automaton;
+        let (dfa, live) = (&self.dfas[index as usize], &self.live[index as usize]);
+        let anchored = regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes);
+        // No start state would have failed the build; count it as "may match" all the same.
+        dfa.start_state(&anchored)
+            .map_or(true, |start| live.dist.get(start.as_usize() >> live.stride2).is_some_and(|&d| d != u32::MAX))
     }
 
     /// Whether literal `v` satisfies the keywords of `map` other than `enum`/`const` at this

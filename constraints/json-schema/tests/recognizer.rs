@@ -187,11 +187,11 @@ fn unsatisfiable_required_members_are_found_at_compile_time() {
     assert!(compile_recognizer("json-schema", arrays, "{}").is_ok(), "a huge minItems is productive (and fast)");
 }
 
-/// Numeric bounds that no number (or no integer) fits are found at compile time, as
-/// `minLength` above `maxLength` is: the server answers 400 instead of starting a generation
+/// Numeric bounds that no number (or no integer) fits, and string patterns that match no
+/// text, are found at compile time, as `minLength` above `maxLength` is: the server answers 400 instead of starting a generation
 /// that can only end at a dead end. Bounds that leave one value keep it.
 #[test]
-fn numeric_bounds_that_admit_nothing_are_found_at_compile_time() {
+fn bounds_and_patterns_that_admit_nothing_are_found_at_compile_time() {
     let empty = [
         r#"{"type":"integer","minimum":5,"maximum":3}"#,
         r#"{"type":"number","minimum":5,"maximum":3}"#,
@@ -203,6 +203,10 @@ fn numeric_bounds_that_admit_nothing_are_found_at_compile_time() {
         // Beyond 2^53 both bounds are the same f64; the exact integer bounds tell them apart.
         r#"{"type":"integer","minimum":18446744073709551615,"maximum":18446744073709551610}"#,
         r#"{"type":"object","properties":{"n":{"type":"integer","minimum":2,"maximum":1}},"required":["n"]}"#,
+        // Strings: a pattern that matches no text, or lengths that contradict.
+        r#"{"type":"string","pattern":"^[^\\s\\S]$"}"#,
+        r#"{"type":"string","pattern":"x[^\\s\\S]"}"#,
+        r#"{"type":"string","minLength":3,"maxLength":2}"#,
     ];
     for schema in empty {
         let e =
@@ -216,6 +220,7 @@ fn numeric_bounds_that_admit_nothing_are_found_at_compile_time() {
     check(r#"{"type":"integer","minimum":1,"maximum":6,"multipleOf":0.5}"#, "{}", &["1", "6"], &["0", "7"]);
     // Only the numbers are ruled out: the other types and optional members stay.
     check(r#"{"type":["integer","string"],"minimum":5,"maximum":3}"#, "{}", &[r#""x""#], &["4"]);
+    check(r#"{"type":["string","null"],"pattern":"[^\\s\\S]"}"#, "{}", &["null"], &[r#""x""#, "\"\""]);
     check(
         r#"{"type":"object","properties":{"n":{"type":"integer","minimum":2,"maximum":1}},"additionalProperties":false}"#,
         "{}",

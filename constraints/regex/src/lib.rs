@@ -5,10 +5,13 @@
 //! start and, through a trailing `\z`, at the end. The DFA is the [`Recognizer`]: its state id
 //! is the whole state, so it is also the state key, and the SDK's trie walk turns it into token
 //! masks. Size limits make patterns whose DFA would explode (`(a|b)*a(a|b){20}`) a clear
-//! `too-large` error instead of a hang.
+//! `too-large` error instead of a hang. A pattern that matches no text at all (`[^\s\S]`,
+//! `[a&&b]`) is an `invalid-source` error at compile time: served, it could only end the
+//! generation at a dead end.
 //!
 //! Options: none are defined yet; anything but `{}` is an `invalid-options` error.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use dspark_guest::{
@@ -66,7 +69,37 @@ impl RegexRecognizer {
         let start = dfa
             .start_state(&start::Config::new().anchored(Anchored::Yes))
             .map_err(|e| ConstraintError::new(ErrorCode::Unsupported, format!("the regex has no start state: {e}")))?;
-        Ok(Self { dfa, start })
+        let recognizer = Self { dfa, start };
+        if !recognizer.matches_some_text() {
+            return Err(ConstraintError::new(
+                ErrorCode::InvalidSource,
+                "the regex matches no text at all, so no output could satisfy it",
+            ));
+        }
+        Ok(recognizer)
+    }
+
+    /// Whether any text matches: a walk from the start state over one byte of each of the
+    /// DFA's byte classes (bytes of a class lead to the same state), looking for a state that
+    /// the end of the text accepts. Each state is visited once, so this is bounded by the
+    /// DFA's size, which the size limits bound.
+    fn matches_some_text(&self) -> bool {
+        let bytes: Vec<u8> = self.dfa.byte_classes().representatives(..).filter_map(|unit| unit.as_u8()).collect();
+        let mut seen = HashSet::from([self.start]);
+        let mut pending = vec![self.start];
+        while let Some(state) = pending.pop() {
+            if self.is_accepting(&state) {
+                return true;
+            }
+            for &byte in &bytes {
+                if let Some(next) = self.advance(&state, byte)
+                    && seen.insert(next)
+                {
+                    pending.push(next);
+                }
+            }
+        }
+        false
     }
 
     /// Whether `text` matches the regex whole (for tests).
@@ -184,5 +217,17 @@ mod tests {
         assert_eq!(e.code, ErrorCode::InvalidKind);
         let e = RegexPlugin.compile("regex", "(a|b)*a(a|b){40}", "{}", &table).err().unwrap();
         assert_eq!(e.code, ErrorCode::TooLarge, "{e}");
+    }
+
+    #[test]
+    fn patterns_that_match_nothing_are_compile_errors() {
+        for pattern in [r"[^\s\S]", "[a&&b]", r"x*[^\s\S]y", r"(?:a|b)[^\x00-\x{10FFFF}]"] {
+            let e = RegexRecognizer::new(pattern).err().unwrap_or_else(|| panic!("{pattern} matches nothing"));
+            assert_eq!(e.code, ErrorCode::InvalidSource, "{pattern}: {e}");
+            assert!(e.message.contains("matches no text"), "{pattern}: {e}");
+        }
+        // The empty text is a text; a match only after a long walk still counts.
+        assert!(RegexRecognizer::new("").unwrap().matches(b""));
+        assert!(RegexRecognizer::new(r"(?:[^\s\S]|a{200})b").unwrap().matches(&[&[b'a'; 200][..], b"b"].concat()));
     }
 }
