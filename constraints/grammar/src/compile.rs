@@ -9,6 +9,10 @@
 //!   definitions, literals, regexes) are tokens: each is its own DFA.
 //! - Direct left recursion (`sum: sum "+" term | term`) is rewritten into right recursion;
 //!   any other left recursion is an error naming the rules on the cycle.
+//! - Alternatives that can never finish (they need a rule whose every alternative needs
+//!   itself again, like `a ::= "x" a`, or a terminal that matches no text) are dropped: the
+//!   recogniser would otherwise walk into them and end the output at a dead end, or force
+//!   `x` after `x` forever. A grammar left with nothing is an error naming those rules.
 
 use std::collections::HashMap;
 
@@ -50,6 +54,8 @@ pub struct Terminal {
     pub start: u32,
     /// Whether it matches the empty string.
     pub nullable: bool,
+    /// Whether it matches any text at all.
+    pub productive: bool,
 }
 
 /// The compiled grammar.
@@ -372,7 +378,29 @@ fn build_dfa(pattern: &str, pos: Pos) -> Result<Terminal, CompileError> {
         .start_state(&regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes))
         .map_err(|e| CompileError::at(pos, format!("the regex has no start state: {e}")))?;
     let nullable = dfa.is_match_state(dfa.next_eoi_state(start));
-    Ok(Terminal { dfa, start: start.as_u32(), nullable })
+    let productive = matches_some_text(&dfa, start);
+    Ok(Terminal { dfa, start: start.as_u32(), nullable, productive })
+}
+
+/// Whether any text takes `dfa` from `start` to a match: a walk over one byte of each byte
+/// class, each state once (bounded by the DFA's size limit).
+fn matches_some_text(dfa: &dense::DFA<Vec<u32>>, start: regex_automata::util::primitives::StateID) -> bool {
+    use regex_automata::dfa::Automaton;
+    let bytes: Vec<u8> = dfa.byte_classes().representatives(..).filter_map(|unit| unit.as_u8()).collect();
+    let mut seen = std::collections::HashSet::from([start]);
+    let mut pending = vec![start];
+    while let Some(state) = pending.pop() {
+        if dfa.is_match_state(dfa.next_eoi_state(state)) {
+            return true;
+        }
+        for &byte in &bytes {
+            let next = dfa.next_state(state, byte);
+            if !dfa.is_dead_state(next) && !dfa.is_quit_state(next) && seen.insert(next) {
+                pending.push(next);
+            }
+        }
+    }
+    false
 }
 
 /// Compiles a grammar.
@@ -439,6 +467,9 @@ pub fn compile(g: &Grammar) -> Result<Compiled, CompileError> {
     remove_direct_left_recursion(&mut alts, &mut nonterms)?;
     let nullable = nullable_nonterms(&alts, &nonterms, &dfas);
     check_left_recursion(&alts, &nonterms, &dfas, &nullable)?;
+    // After the left-recursion check (whose message is the more specific one); a nullable
+    // rule finishes, so dropping does not change `nullable`.
+    drop_unproductive_alternatives(&alts, &mut nonterms, &dfas, start_nt)?;
     let sym_nullable = |s: &Sym| match s {
         Sym::N(n) => nullable[*n as usize],
         Sym::T(t) => dfas[*t as usize].nullable,
@@ -491,6 +522,58 @@ fn remove_direct_left_recursion(alts: &mut Vec<Vec<Sym>>, nonterms: &mut Vec<Non
             alts[a as usize].push(Sym::N(tail));
         }
         nonterms[n].alts = base;
+    }
+    Ok(())
+}
+
+/// Drops from every nonterminal the alternatives that can never finish: those holding a
+/// terminal that matches no text or a nonterminal with no alternative that can finish (the
+/// least fixed point from the terminals up). Errors when the start is such a nonterminal.
+fn drop_unproductive_alternatives(
+    alts: &[Vec<Sym>],
+    nonterms: &mut [NonTerm],
+    dfas: &[Terminal],
+    start: u32,
+) -> Result<(), CompileError> {
+    let mut productive = vec![false; nonterms.len()];
+    let finishes = |syms: &[Sym], productive: &[bool]| {
+        syms.iter().all(|s| match s {
+            Sym::N(m) => productive[*m as usize],
+            Sym::T(t) => dfas[*t as usize].productive,
+        })
+    };
+    loop {
+        let mut changed = false;
+        for (n, nt) in nonterms.iter().enumerate() {
+            if !productive[n] && nt.alts.iter().any(|&a| finishes(&alts[a as usize], &productive)) {
+                productive[n] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    if !productive[start as usize] {
+        let stuck: Vec<String> = nonterms
+            .iter()
+            .enumerate()
+            .filter(|&(n, nt)| !productive[n] && n != start as usize && !nt.name.starts_with('('))
+            .take(4)
+            .map(|(_, nt)| format!("`{}`", nt.name))
+            .collect();
+        let why = if stuck.is_empty() {
+            "every alternative needs a terminal that matches no text".to_string()
+        } else {
+            format!(
+                "{} can never finish (each alternative needs itself again, or a terminal that matches no text)",
+                stuck.join(", ")
+            )
+        };
+        return Err(CompileError::nowhere(format!("the grammar matches no text: {why}")));
+    }
+    for nt in nonterms.iter_mut() {
+        nt.alts.retain(|&a| finishes(&alts[a as usize], &productive));
     }
     Ok(())
 }

@@ -173,6 +173,33 @@ fn errors_name_the_place() {
     assert_eq!(e.code, ErrorCode::TooLarge, "{e}");
 }
 
+/// A grammar whose start can never finish is an error naming the rules that cannot; an
+/// alternative that can never finish is dropped, so a walk never enters it and no byte of it
+/// is allowed (before, `a ::= "x" a` forced `x` after `x` until the plugin's time limit).
+#[test]
+fn rules_that_can_never_finish_are_errors_or_dropped() {
+    let table = table();
+    let err = |kind: &str, src: &str| GrammarPlugin.compile(kind, src, "{}", &table).err().unwrap();
+    let e = err("gbnf", "root ::= a\na ::= \"x\" a\n");
+    assert_eq!(e.code, ErrorCode::InvalidSource, "{e}");
+    assert_eq!(
+        e.message,
+        "the grammar matches no text: `root`, `a` can never finish (each alternative needs itself again, or a terminal that matches no text)"
+    );
+    let e = err("lark", "start: a\na: \"(\" b \")\"\nb: a | \"[\" b \"]\"\n");
+    assert!(e.message.contains("`a`") && e.message.contains("`b`"), "{e}");
+    let e = err("lark", "start: /[^\\s\\S]/\n");
+    assert!(e.message.starts_with("the grammar matches no text"), "{e}");
+
+    // `y` leads only into `b`, which never finishes: only `x` may start the output.
+    let (table, c) = compile("gbnf", "root ::= \"x\" | \"y\" b\nb ::= \"z\" b\n");
+    let mask = c.new_matcher().compute_mask().unwrap();
+    assert!(mask.allows(b'x' as u32) && !mask.allows(b'y' as u32), "{mask:?}");
+    assert!(walk_text(&mut *c.new_matcher(), &table, b"x").accepted());
+    let w = walk_text(&mut *c.new_matcher(), &table, b"yzz");
+    assert_eq!(w.rejected_at, Some(0), "{w:?}");
+}
+
 /// A vocabulary with the shapes of a real one: words with and without a leading space,
 /// keywords and their extensions, words glued to punctuation, numbers and strings, so that
 /// the trie has large subtrees an identifier state loops over and subtrees it leaves midway.
