@@ -1167,6 +1167,15 @@ impl<'a> Compiler<'a> {
         let keys = KeyTrie::build(&props);
         let min_props = u32_of(map.get("minProperties")).unwrap_or(0);
         let max_props = u32_of(map.get("maxProperties")).unwrap_or(u32::MAX);
+        // More required members than `maxProperties` allows, or (a closed object) fewer
+        // members on offer than `minProperties` asks: nothing can be written.
+        let required = props.iter().filter(|p| p.required).count();
+        let offered = props.iter().filter(|p| p.node != NEVER).count();
+        let closed = additional == NEVER && pattern_dfas.is_empty();
+        if min_props > max_props || required > max_props as usize || (closed && min_props as usize > offered) {
+            self.nodes[id as usize] = Node::Never;
+            return Ok(id);
+        }
         self.nodes[id as usize] = Node::Object(ObjectNode {
             props,
             additional,

@@ -187,8 +187,8 @@ fn unsatisfiable_required_members_are_found_at_compile_time() {
     assert!(compile_recognizer("json-schema", arrays, "{}").is_ok(), "a huge minItems is productive (and fast)");
 }
 
-/// Numeric bounds that no number (or no integer) fits, and string patterns that match no
-/// text, are found at compile time, as `minLength` above `maxLength` is: the server answers 400 instead of starting a generation
+/// Numeric bounds that no number (or no integer) fits, string patterns that match no text
+/// and member counts no object can have are found at compile time, as `minLength` above `maxLength` is: the server answers 400 instead of starting a generation
 /// that can only end at a dead end. Bounds that leave one value keep it.
 #[test]
 fn bounds_and_patterns_that_admit_nothing_are_found_at_compile_time() {
@@ -207,6 +207,10 @@ fn bounds_and_patterns_that_admit_nothing_are_found_at_compile_time() {
         r#"{"type":"string","pattern":"^[^\\s\\S]$"}"#,
         r#"{"type":"string","pattern":"x[^\\s\\S]"}"#,
         r#"{"type":"string","minLength":3,"maxLength":2}"#,
+        // Objects: member counts that contradict.
+        r#"{"type":"object","minProperties":3,"maxProperties":1}"#,
+        r#"{"type":"object","properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1}"#,
+        r#"{"type":"object","properties":{"a":{},"b":false},"additionalProperties":false,"minProperties":2}"#,
     ];
     for schema in empty {
         let e =
@@ -218,6 +222,12 @@ fn bounds_and_patterns_that_admit_nothing_are_found_at_compile_time() {
     check(r#"{"type":"integer","minimum":3.5,"maximum":4.5}"#, "{}", &["4"], &["3", "5"]);
     check(r#"{"type":"integer","minimum":-8,"maximum":-6,"multipleOf":7}"#, "{}", &["-7"], &["-8", "-6"]);
     check(r#"{"type":"integer","minimum":1,"maximum":6,"multipleOf":0.5}"#, "{}", &["1", "6"], &["0", "7"]);
+    check(
+        r#"{"type":"object","properties":{"a":{"type":"integer"}},"patternProperties":{"^x":{"type":"integer"}},"additionalProperties":false,"minProperties":2}"#,
+        "{}",
+        &[r#"{"a":1,"x1":2}"#],
+        &[r#"{"a":1}"#],
+    );
     // Only the numbers are ruled out: the other types and optional members stay.
     check(r#"{"type":["integer","string"],"minimum":5,"maximum":3}"#, "{}", &[r#""x""#], &["4"]);
     check(r#"{"type":["string","null"],"pattern":"[^\\s\\S]"}"#, "{}", &["null"], &[r#""x""#, "\"\""]);
