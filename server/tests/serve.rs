@@ -191,6 +191,20 @@ fn structured_outputs_validate_and_stream() {
     .json();
     assert_eq!(r["choices"].as_array().unwrap().len(), 2);
     assert_eq!(r["usage"]["completion_tokens"], 16);
+    let r = post_json(addr, "/v1/completions", &json!({"model": MODEL, "prompt": "Hi", "n": 2, "best_of": 3}));
+    assert_error(&r, 400, Some("best_of"), "`best_of` other than `n` is not supported (got 3)");
+    let r = post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "n": 2, "best_of": 2}),
+    );
+    assert_eq!(r.json()["choices"].as_array().unwrap().len(), 2);
+    let r = post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "Hi", "stream_options": {"include_usage": true}}),
+    );
+    assert_error(&r, 400, Some("stream_options"), "only allowed with `stream: true`");
     assert_eq!(get(addr, "/v1/models").json()["data"][0]["id"], MODEL);
     let plugins = get(addr, "/v1/plugins").json();
     assert!(plugins["data"].as_array().unwrap().iter().any(|p| p["name"] == "json-schema"));

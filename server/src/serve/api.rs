@@ -163,6 +163,9 @@ pub struct CompletionRequest {
     pub echo: bool,
     /// Text after the completion (not supported).
     pub suffix: Option<String>,
+    /// Candidates to generate and choose `n` from (only `n` itself is supported: every
+    /// candidate generated is returned).
+    pub best_of: Option<u32>,
 }
 
 /// `POST /tokenize` (vLLM's), besides a chat request's fields when it gives `messages`.
@@ -302,6 +305,10 @@ impl Sampling {
         let n = self.n.unwrap_or(1);
         if n == 0 || n > MAX_N {
             return Err(ApiError::invalid("n", format!("`n` must be between 1 and {MAX_N}, got {n}")));
+        }
+        if self.stream_options.is_some() && !self.stream {
+            // As OpenAI and vLLM answer: the options would be ignored silently otherwise.
+            return Err(ApiError::invalid("stream_options", "`stream_options` is only allowed with `stream: true`"));
         }
         if let Some(k) = logprobs
             && k as usize > MAX_TOP_LOGPROBS

@@ -728,6 +728,16 @@ async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> 
     if request.suffix.is_some() {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
     }
+    // Choosing the best `n` of `best_of` candidates is not built; rather than return `n`
+    // plain samples as if it were, refuse (vLLM's V1 engine refuses `best_of` too).
+    if let Some(best_of) = request.best_of
+        && best_of != sampling.n.unwrap_or(1)
+    {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!("`best_of` other than `n` is not supported (got {best_of}); ask for `n` choices instead"),
+        ));
+    }
     let resolved = sampling.resolve_echo(
         request.logprobs,
         &served.entry.config.sampling,
