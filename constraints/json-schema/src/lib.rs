@@ -11,6 +11,13 @@
 //! and the SDK turns it into token masks and canonical forced spans (key names, punctuation,
 //! the rest of an enum value once unique, `true`/`false`/`null` tails, closing brackets).
 //!
+//! A schema that admits no value at all is an `invalid-source` error at compile time, so the
+//! server answers 400 instead of starting a generation that can only end at a dead end:
+//! `false`, a circular `$ref` with no base case, contradictory types or `const`, a required
+//! member that cannot appear, numeric bounds no number (or integer, or integral multiple)
+//! fits, a `pattern` that matches no text, lengths or item and member counts that contradict.
+//! Parts that admit nothing inside a schema that admits something are pruned.
+//!
 //! Serialisation is compact (no whitespace) unless the options say otherwise. Options (a JSON
 //! object):
 //! - `"property_order"`: `"schema"` (default: declared properties in schema order, which lets
