@@ -268,6 +268,7 @@ impl<'a> Compiler<'a> {
             ));
         }
         self.prune_unproductive(&good);
+        self.flatten_unions();
         if strict && let Some(&first) = self.permissive.first() {
             let w = &self.warnings[first];
             return Err(ConstraintError::new(
@@ -579,6 +580,53 @@ impl<'a> Compiler<'a> {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// Replaces every union's alternatives by the nodes that are not unions reachable from it
+    /// through unions (each once, `never` left out). Each `$ref` and `anyOf` level is a union,
+    /// and the recogniser follows unions within one byte only so deep (it must stop on a
+    /// cycle of references with no structure between them), so a chain of a hundred `$ref`s
+    /// would otherwise admit nothing while writing. The language is the same. Past a budget of
+    /// steps (schemas with very many unions) the remaining unions stay as they are.
+    fn flatten_unions(&mut self) {
+        const BUDGET: usize = 4_000_000;
+        let mut budget = BUDGET;
+        // `mark[node] == stamp`: already taken for the union being flattened.
+        let mut mark = vec![0u32; self.nodes.len()];
+        let mut flat: Vec<(usize, Vec<NodeId>)> = Vec::new();
+        for id in 0..self.nodes.len() {
+            if !matches!(self.nodes[id], Node::Union(_)) {
+                continue;
+            }
+            let stamp = id as u32 + 1;
+            mark[id] = stamp;
+            let (mut leaves, mut pending) = (Vec::new(), vec![id]);
+            while let Some(union) = pending.pop() {
+                let Node::Union(alts) = &self.nodes[union] else { continue };
+                for &alt in alts {
+                    let Some(left) = budget.checked_sub(1) else {
+                        return self.set_flattened(flat);
+                    };
+                    budget = left;
+                    if std::mem::replace(&mut mark[alt as usize], stamp) == stamp {
+                        continue;
+                    }
+                    match self.nodes[alt as usize] {
+                        Node::Union(_) => pending.push(alt as usize),
+                        Node::Never => {}
+                        _ => leaves.push(alt),
+                    }
+                }
+            }
+            flat.push((id, leaves));
+        }
+        self.set_flattened(flat);
+    }
+
+    fn set_flattened(&mut self, flat: Vec<(usize, Vec<NodeId>)>) {
+        for (id, leaves) in flat {
+            self.nodes[id] = Node::Union(leaves);
         }
     }
 
@@ -2317,6 +2365,32 @@ fn none_of(words: &[&str], at: &str) -> Result<String, ConstraintError> {
 
 /// `not: a` and `not: b` as one `not`, where both are `type` forms (the union of the types) or
 /// both are `required` forms (each a set that must not all appear): `None` otherwise.
+/// The `multipleOf` that two together ask for: the least common multiple of two integers
+/// (while it stays below 2^53), or the larger of two values when it is a whole multiple of
+/// the smaller. `None` otherwise (`0.3` and `0.5`).
+fn common_multiple(a: &Value, b: &Value) -> Option<Value> {
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    let (x, y) = (a.as_f64().filter(|x| *x > 0.0)?, b.as_f64().filter(|y| *y > 0.0)?);
+    if x == y {
+        return Some(a.clone());
+    }
+    let whole = |v: f64| v.fract() == 0.0 && v <= EXACT;
+    if whole(x) && whole(y) {
+        let (x, y) = (x as u64, y as u64);
+        let gcd = |mut p: u64, mut q: u64| {
+            while q != 0 {
+                (p, q) = (q, p % q);
+            }
+            p
+        };
+        let lcm = (x / gcd(x, y)).checked_mul(y)?;
+        return (lcm as f64 <= EXACT).then(|| Value::from(lcm));
+    }
+    let (small, large, large_value) = if x < y { (x, y, b) } else { (y, x, a) };
+    let q = large / small;
+    ((q - q.round()).abs() <= 1e-9 * q).then(|| large_value.clone())
+}
+
 fn merge_nots(a: &Value, b: &Value) -> Option<Value> {
     let types = |v: &Value| -> Option<Vec<Value>> {
         let m = v.as_object()?;
@@ -2653,7 +2727,18 @@ fn merge(mut a: Map<String, Value>, b: Map<String, Value>, ptr: &str) -> Result<
                 ps.push(vb);
                 Value::Array(ps)
             }
-            "format" | "uniqueItems" | "multipleOf" => va,
+            // A format is an annotation unless a validator opts in: the first one is kept.
+            "format" => va,
+            "uniqueItems" => Value::Bool(va.as_bool().unwrap_or(false) || vb.as_bool().unwrap_or(false)),
+            "multipleOf" => common_multiple(&va, &vb).ok_or_else(|| {
+                err(
+                    ErrorCode::Unsupported,
+                    ptr,
+                    format!(
+                        "`allOf` branches ask for multiples of {va} and of {vb}; their common multiple is not supported"
+                    ),
+                )
+            })?,
             // `not A` and `not B` is `not (A or B)`, in the forms `not` takes.
             "not" => merge_nots(&va, &vb).ok_or_else(|| {
                 err(ErrorCode::Unsupported, ptr, "`allOf` branches disagree on `not` and cannot be merged")

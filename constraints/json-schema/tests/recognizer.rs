@@ -239,6 +239,61 @@ fn bounds_and_patterns_that_admit_nothing_are_found_at_compile_time() {
     );
 }
 
+/// Each `$ref` is a level of union in the graph; a chain of them longer than the recogniser
+/// follows within one byte admitted nothing (the output ended at once with an error). Unions
+/// are flattened at compile time, so any length works.
+#[test]
+fn long_reference_chains_and_nested_unions_still_admit_their_values() {
+    for n in [10usize, 63, 64, 500] {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            defs.insert(format!("d{i}"), serde_json::json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+        }
+        defs.insert(format!("d{n}"), serde_json::json!({"type": "integer"}));
+        let schema = serde_json::json!({"$defs": defs, "$ref": "#/$defs/d0"}).to_string();
+        check(&schema, "{}", &["5", "-12"], &["\"5\"", "1.5"]);
+    }
+    // A hundred `anyOf`s, each behind a `$ref`: two hundred levels of union.
+    let mut defs = serde_json::Map::new();
+    for i in 0..100 {
+        defs.insert(
+            format!("d{i}"),
+            serde_json::json!({"anyOf": [{"$ref": format!("#/$defs/d{}", i + 1)}, {"const": i}]}),
+        );
+    }
+    defs.insert("d100".into(), serde_json::json!({"type": "null"}));
+    let nested = serde_json::json!({"$defs": defs, "$ref": "#/$defs/d0"}).to_string();
+    check(&nested, "{}", &["null", "0", "99"], &["100", "true"]);
+    // Two references that lead to each other and to values.
+    let cycle = r##"{"$defs":{"a":{"anyOf":[{"$ref":"#/$defs/b"},{"type":"integer"}]},"b":{"anyOf":[{"$ref":"#/$defs/a"},{"type":"string","maxLength":2}]}},"$ref":"#/$defs/a"}"##;
+    check(cycle, "{}", &["7", r#""ab""#], &[r#""abc""#, "null"]);
+}
+
+/// `allOf` branches with `multipleOf` each: their common multiple, not the first one alone.
+#[test]
+fn multiples_from_several_branches_are_combined() {
+    let s = r#"{"allOf":[{"type":"integer","multipleOf":3},{"multipleOf":5},{"minimum":1,"maximum":100}]}"#;
+    check(s, "{}", &["15", "45", "90"], &["3", "5", "99", "10", "105"]);
+    let s = r#"{"allOf":[{"type":"integer","multipleOf":4},{"multipleOf":6}]}"#;
+    check(s, "{}", &["12", "0", "-24"], &["4", "6", "18"]);
+    let s = r#"{"allOf":[{"type":"number","multipleOf":0.5},{"multipleOf":1.5}]}"#;
+    check(s, "{}", &["1.5", "3"], &["0.5", "2"]);
+    let e =
+        compile_recognizer("json-schema", r#"{"allOf":[{"multipleOf":0.3},{"multipleOf":0.5}]}"#, "{}").err().unwrap();
+    assert!(e.message.contains("common multiple is not supported"), "{e}");
+    let e = compile_recognizer(
+        "json-schema",
+        r#"{"allOf":[{"type":"integer","multipleOf":3},{"multipleOf":5},{"minimum":1,"maximum":14}]}"#,
+        "{}",
+    )
+    .err()
+    .unwrap();
+    assert!(e.message.starts_with("the schema admits no value"), "no multiple of 15 in 1..=14: {e}");
+    // uniqueItems from either branch holds.
+    let s = r#"{"allOf":[{"type":"array","items":{"type":"integer","minimum":0,"maximum":3},"uniqueItems":false},{"uniqueItems":true}]}"#;
+    check(s, "{}", &["[1,2]"], &["[1,1]"]);
+}
+
 /// Whether some document under `rec` starts with `prefix` (the recogniser's promise: a state
 /// it returns can still reach an accepting one).
 fn prefix_alive(rec: &impl Recognizer, prefix: &str) -> bool {
