@@ -1323,22 +1323,33 @@ enum NumStep {
     Reject,
 }
 
-/// Whether an integer part `v` (sign `neg`) can still be completed, by more digits (and, for
-/// non-integers, a fraction), into a value within the bounds: the completions with `j` more
-/// digits span `[v·10^j, (v+1)·10^j)`.
 /// Whether a number node's `multipleOf` is a whole number (its values are integers).
 fn whole_multiple(n: &crate::graph::NumberNode) -> bool {
     n.multiple_of.is_some_and(|m| m >= 1.0 && m.fract() == 0.0)
 }
 
+/// Whether an integer part `v` (sign `neg`) can still be completed, by more digits (and, for
+/// non-integers, a fraction), into a value within the bounds: the completions with `j` more
+/// digits span `[v·10^j, (v+1)·10^j)`.
 fn int_prefix_feasible(n: &crate::graph::NumberNode, neg: bool, v: f64) -> bool {
     // Integers: exact inclusive bounds. Others: exclusive ends ignored (a fraction or an
     // exponent can still land inside), a conservative "feasible" that keeps valid documents
     // reachable.
     let (min, max) = if n.integer { integer_bounds(n) } else { (n.min.map(|(m, _)| m), n.max.map(|(m, _)| m)) };
+    // An integer node with a whole `multipleOf`: a range of completions must also hold a
+    // multiple (below 2^53, where f64 holds integers exactly), or the writer would be stuck
+    // after `3` under `minimum: 2, maximum: 3, multipleOf: 2`.
+    let step = n.multiple_of.filter(|_| n.integer && whole_multiple(n));
     let inside = |lo: f64, hi: f64| {
         let (a, b) = if neg { (-hi, -lo) } else { (lo, hi) };
-        min.is_none_or(|m| b >= m) && max.is_none_or(|m| a <= m)
+        let (a, b) = (min.map_or(a, |m| a.max(m)), max.map_or(b, |m| b.min(m)));
+        match step {
+            _ if a > b => false,
+            Some(k) if a.abs() <= 9_007_199_254_740_992.0 && b.abs() <= 9_007_199_254_740_992.0 => {
+                (a / k).ceil() * k <= b
+            }
+            _ => true,
+        }
     };
     let mut scale = 1.0f64;
     for _ in 0..20 {

@@ -289,6 +289,18 @@ fn multiples_from_several_branches_are_combined() {
     .err()
     .unwrap();
     assert!(e.message.starts_with("the schema admits no value"), "no multiple of 15 in 1..=14: {e}");
+    // A prefix with no multiple left within the bounds is refused at once, not written into a
+    // dead end (`3` under 2..=3, multiples of 2).
+    let s = r#"{"allOf":[{"allOf":[{"type":"integer"},{"minimum":2}]},{"allOf":[{"maximum":3},{"multipleOf":2}]}]}"#;
+    check(s, "{}", &["2"], &["3", "0", "4"]);
+    let (rec, _) = compile_recognizer("json-schema", s, "{}").unwrap();
+    assert!(!prefix_alive(&rec, "3"), "no multiple of 2 starts with 3 within 2..=3");
+    let s = r#"{"type":"integer","multipleOf":7,"minimum":-20,"maximum":20}"#;
+    check(s, "{}", &["-14", "0", "7", "14"], &["-21", "21", "3"]);
+    let (rec, _) = compile_recognizer("json-schema", s, "{}").unwrap();
+    assert!(
+        prefix_alive(&rec, "-1") && prefix_alive(&rec, "1") && !prefix_alive(&rec, "-2") && !prefix_alive(&rec, "3")
+    );
     // uniqueItems from either branch holds.
     let s = r#"{"allOf":[{"type":"array","items":{"type":"integer","minimum":0,"maximum":3},"uniqueItems":false},{"uniqueItems":true}]}"#;
     check(s, "{}", &["[1,2]"], &["[1,1]"]);
