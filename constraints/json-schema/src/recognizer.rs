@@ -1289,12 +1289,8 @@ impl SchemaRecognizer {
                 } else {
                     u16::from(phase == NUM_EXP)
                 };
-                if tracked {
-                    let cv = scaled(v, e, exp_neg);
-                    let dead = if exp_neg { shrinks_past(n, neg, cv) } else { grows_past(n, neg, cv) };
-                    if dead {
-                        return NumStep::Reject;
-                    }
+                if tracked && !exponent_completes(n, neg, v, frac, e, exp_neg) {
+                    return NumStep::Reject;
                 }
                 frame(NUM_EXP, neg, v, frac, e, exp_neg)
             }
@@ -1410,6 +1406,30 @@ fn exact_prefix_feasible(lo: i128, hi: i128, neg: bool, m: u64) -> bool {
         }
         a = a.saturating_mul(10);
         b = b.saturating_mul(10).saturating_add(9);
+    }
+    false
+}
+
+/// Whether the exponent `e` written so far (sign `exp_neg`) can be completed, as it is or by
+/// more digits, into a number within the node's bounds (mantissa `v`, sign `neg`): some
+/// exponent among `e`, `10e..=10e+9`, `100e..=100e+99`, ... (up to the 400 the recogniser
+/// caps it at) must end inside. Only the exponent's range is searched, each candidate with
+/// the check the number's end applies, so `1e2` under `1000..=5000` is refused at the `2`
+/// instead of left with no way to end.
+fn exponent_completes(n: &crate::graph::NumberNode, neg: bool, v: f64, frac: u16, e: u16, exp_neg: bool) -> bool {
+    const MAX_EXP: u32 = 400;
+    let ends_inside = |x: u32| number_ok(n, NUM_EXP, neg, v.to_bits(), frac, x as u16, exp_neg);
+    if e == 0 {
+        // Leading zeros: every exponent is still reachable.
+        return (0..=MAX_EXP).any(ends_inside);
+    }
+    let (mut first, mut count) = (u32::from(e), 1u32);
+    while first <= MAX_EXP {
+        if (first..(first + count).min(MAX_EXP + 1)).any(ends_inside) {
+            return true;
+        }
+        first *= 10;
+        count *= 10;
     }
     false
 }

@@ -306,6 +306,22 @@ fn multiples_from_several_branches_are_combined() {
     check(s, "{}", &["[1,2]"], &["[1,1]"]);
 }
 
+/// An exponent is refused at the digit after which no exponent ends inside the bounds (a
+/// hostile-schema walk wrote `1e000002` under `enum: [1e3]` and could not end).
+#[test]
+fn exponents_that_cannot_end_inside_the_bounds_are_refused() {
+    let s = r#"{"type":"number","minimum":1000,"maximum":5000}"#;
+    check(s, "{}", &["1e3", "5e3", "1e0003", "2E+3", "1000"], &["1e2", "6e3"]);
+    let (rec, _) = compile_recognizer("json-schema", s, "{}").unwrap();
+    assert!(prefix_alive(&rec, "1e000") && !prefix_alive(&rec, "1e2") && !prefix_alive(&rec, "1e000002"));
+    let (rec, _) = compile_recognizer("json-schema", r#"{"enum":[0,-0.5,1e3,"x"]}"#, "{}").unwrap();
+    assert!(rec.matches(b"1e3") && rec.matches(b"1000") && !prefix_alive(&rec, "1e000002"));
+    let s = r#"{"type":"number","minimum":0.001}"#;
+    check(s, "{}", &["1e-3", "1e-0003", "0.005", "7"], &["1e-4"]);
+    let (rec, _) = compile_recognizer("json-schema", s, "{}").unwrap();
+    assert!(prefix_alive(&rec, "1e-000") && !prefix_alive(&rec, "1e-4"));
+}
+
 /// Whether some document under `rec` starts with `prefix` (the recogniser's promise: a state
 /// it returns can still reach an accepting one).
 fn prefix_alive(rec: &impl Recognizer, prefix: &str) -> bool {
