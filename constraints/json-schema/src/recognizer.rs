@@ -1418,15 +1418,28 @@ fn exact_prefix_feasible(lo: i128, hi: i128, neg: bool, m: u64) -> bool {
 /// instead of left with no way to end.
 fn exponent_completes(n: &crate::graph::NumberNode, neg: bool, v: f64, frac: u16, e: u16, exp_neg: bool) -> bool {
     const MAX_EXP: u32 = 400;
-    let ends_inside = |x: u32| number_ok(n, NUM_EXP, neg, v.to_bits(), frac, x as u16, exp_neg);
+    // Exponents in increasing order, until one ends inside, or the magnitude is past the
+    // bound it moves towards (larger exponents only move it further).
+    let search = |range: std::ops::Range<u32>| {
+        for x in range {
+            if number_ok(n, NUM_EXP, neg, v.to_bits(), frac, x as u16, exp_neg) {
+                return Some(true);
+            }
+            let magnitude = scaled(v, x as u16, exp_neg);
+            if if exp_neg { shrinks_past(n, neg, magnitude) } else { grows_past(n, neg, magnitude) } {
+                return Some(false);
+            }
+        }
+        None
+    };
     if e == 0 {
         // Leading zeros: every exponent is still reachable.
-        return (0..=MAX_EXP).any(ends_inside);
+        return search(0..MAX_EXP + 1).unwrap_or(false);
     }
     let (mut first, mut count) = (u32::from(e), 1u32);
     while first <= MAX_EXP {
-        if (first..(first + count).min(MAX_EXP + 1)).any(ends_inside) {
-            return true;
+        if let Some(found) = search(first..(first + count).min(MAX_EXP + 1)) {
+            return found;
         }
         first *= 10;
         count *= 10;
