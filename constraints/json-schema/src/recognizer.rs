@@ -1273,13 +1273,21 @@ impl SchemaRecognizer {
                 if tracked && v == 0.0 && !admits_zero(n) {
                     return NumStep::Reject;
                 }
+                // Some exponent, either sign, must end inside (`9e` under `enum: [5, 10]`
+                // has none, and wrote exponent digits forever).
+                let signs = [false, !whole_multiple(n)];
+                if tracked && !signs.iter().any(|&exp_neg| exponent_completes(n, neg, v, frac, 0, exp_neg)) {
+                    return NumStep::Reject;
+                }
                 frame(NUM_E, neg, v, frac, 0, false)
             }
             // With bounds, an exponent sign or digit is refused once no completion can land
             // inside them: a non-negative exponent only grows the magnitude, a negative one
             // only shrinks it.
-            (NUM_E, b'+') if !(tracked && grows_past(n, neg, v)) => frame(NUM_ESIGN, neg, v, frac, 0, false),
-            (NUM_E, b'-') if !(whole_multiple(n) || tracked && shrinks_past(n, neg, v)) => {
+            (NUM_E, b'+') if !tracked || exponent_completes(n, neg, v, frac, 0, false) => {
+                frame(NUM_ESIGN, neg, v, frac, 0, false)
+            }
+            (NUM_E, b'-') if !whole_multiple(n) && (!tracked || exponent_completes(n, neg, v, frac, 0, true)) => {
                 frame(NUM_ESIGN, neg, v, frac, 0, true)
             }
             // At most two exponent digits (untracked) so that every number stays finite.
@@ -1338,9 +1346,12 @@ fn int_prefix_feasible(n: &crate::graph::NumberNode, neg: bool, v: f64) -> bool 
     let step = n.multiple_of.filter(|_| n.integer && whole_multiple(n));
     let inside = |lo: f64, hi: f64| {
         let (a, b) = if neg { (-hi, -lo) } else { (lo, hi) };
+        // A non-integer's completions never reach `hi` (`9` and its fractions stay below 10):
+        // that end is open, so `9` is refused under `enum: [10]` instead of left stuck.
+        let open_end_misses = !n.integer && if neg { max.is_some_and(|m| a >= m) } else { min.is_some_and(|m| b <= m) };
         let (a, b) = (min.map_or(a, |m| a.max(m)), max.map_or(b, |m| b.min(m)));
         match step {
-            _ if a > b => false,
+            _ if a > b || open_end_misses => false,
             Some(k) if a.abs() <= 9_007_199_254_740_992.0 && b.abs() <= 9_007_199_254_740_992.0 => {
                 (a / k).ceil() * k <= b
             }

@@ -316,6 +316,14 @@ fn exponents_that_cannot_end_inside_the_bounds_are_refused() {
     assert!(prefix_alive(&rec, "1e000") && !prefix_alive(&rec, "1e2") && !prefix_alive(&rec, "1e000002"));
     let (rec, _) = compile_recognizer("json-schema", r#"{"enum":[0,-0.5,1e3,"x"]}"#, "{}").unwrap();
     assert!(rec.matches(b"1e3") && rec.matches(b"1000") && !prefix_alive(&rec, "1e000002"));
+    // The `e` and the exponent's sign too: no exponent of 9 is 5 or 10.
+    let (rec, _) = compile_recognizer("json-schema", r#"{"allOf":[{"enum":[1,5,10]},{"minimum":4}]}"#, "{}").unwrap();
+    assert!(rec.matches(b"5") && rec.matches(b"10") && rec.matches(b"1e1") && rec.matches(b"5E+0"));
+    assert!(!prefix_alive(&rec, "9e") && !prefix_alive(&rec, "9E") && !prefix_alive(&rec, "1e-"));
+    // Nor `9` or `4` themselves: no number written with those leading digits is 5 or 10.
+    assert!(!prefix_alive(&rec, "9") && !prefix_alive(&rec, "4") && prefix_alive(&rec, "1"));
+    let (rec, _) = compile_recognizer("json-schema", r#"{"enum":[-10, 2.5]}"#, "{}").unwrap();
+    assert!(rec.matches(b"-10") && rec.matches(b"2.5") && !prefix_alive(&rec, "-9") && prefix_alive(&rec, "-1"));
     let s = r#"{"type":"number","minimum":0.001}"#;
     check(s, "{}", &["1e-3", "1e-0003", "0.005", "7"], &["1e-4"]);
     let (rec, _) = compile_recognizer("json-schema", s, "{}").unwrap();
