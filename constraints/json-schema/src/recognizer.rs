@@ -1429,10 +1429,26 @@ fn exact_prefix_feasible(lo: i128, hi: i128, neg: bool, m: u64) -> bool {
 /// instead of left with no way to end.
 fn exponent_completes(n: &crate::graph::NumberNode, neg: bool, v: f64, frac: u16, e: u16, exp_neg: bool) -> bool {
     const MAX_EXP: u32 = 400;
+    // The exponents below `skip` leave the magnitude short of the bound it has to reach (by
+    // at least a factor 10, so a rounding of `log10` does not matter): the search starts
+    // there rather than at 0, and stays a few steps long (this runs per byte in a mask).
+    let reach = match (exp_neg, neg) {
+        (false, false) => n.min.map(|(m, _)| m).filter(|m| *m > 0.0),
+        (false, true) => n.max.map(|(m, _)| -m).filter(|m| *m > 0.0),
+        (true, false) => n.max.map(|(m, _)| m).filter(|m| *m > 0.0),
+        (true, true) => n.min.map(|(m, _)| -m).filter(|m| *m > 0.0),
+    };
+    let skip = match reach {
+        Some(t) if v > 0.0 => {
+            let ratio = if exp_neg { v / t } else { t / v };
+            (ratio.log10().floor() - 1.0).clamp(0.0, MAX_EXP as f64) as u32
+        }
+        _ => 0,
+    };
     // Exponents in increasing order, until one ends inside, or the magnitude is past the
     // bound it moves towards (larger exponents only move it further).
     let search = |range: std::ops::Range<u32>| {
-        for x in range {
+        for x in range.start.max(skip)..range.end {
             if number_ok(n, NUM_EXP, neg, v.to_bits(), frac, x as u16, exp_neg) {
                 return Some(true);
             }
