@@ -2876,6 +2876,9 @@ fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<LiveTable> {
     let mut order = vec![start];
     seen.insert(start.as_u32(), 0);
     let mut reverse: Vec<Vec<usize>> = vec![Vec::new()];
+    // The same edges, each once per byte kind: (predecessor, whether the byte starts a
+    // character), for the distance in characters.
+    let mut reverse_chars: Vec<Vec<(usize, bool)>> = vec![Vec::new()];
     let mut i = 0;
     while i < order.len() {
         let s = order[i];
@@ -2892,12 +2895,17 @@ fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<LiveTable> {
                     }
                     order.push(n);
                     reverse.push(Vec::new());
+                    reverse_chars.push(Vec::new());
                     seen.insert(n.as_u32(), order.len() - 1);
                     order.len() - 1
                 }
             };
             if !reverse[j].contains(&i) {
                 reverse[j].push(i);
+            }
+            let starts_char = !(0x80..=0xBF).contains(&b);
+            if !reverse_chars[j].contains(&(i, starts_char)) {
+                reverse_chars[j].push((i, starts_char));
             }
         }
         i += 1;
@@ -2916,9 +2924,31 @@ fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<LiveTable> {
         *slot = d;
         queue.extend(reverse[k].iter().map(|&j| (j, d + 1)));
     }
+    // Characters: a 0-1 breadth-first search backwards, a byte that starts a character
+    // costing 1 and a continuation byte 0.
+    let mut char_dist = vec![u32::MAX; max_index + 1];
+    let mut best = vec![u32::MAX; order.len()];
+    let mut deque: std::collections::VecDeque<(usize, u32)> =
+        (0..order.len()).filter(|&k| dfa.is_match_state(dfa.next_eoi_state(order[k]))).map(|k| (k, 0)).collect();
+    for &(k, _) in &deque {
+        best[k] = 0;
+    }
+    while let Some((k, d)) = deque.pop_front() {
+        if d > best[k] {
+            continue;
+        }
+        char_dist[order[k].as_usize() >> stride2] = d;
+        for &(j, starts_char) in &reverse_chars[k] {
+            let nd = d + u32::from(starts_char);
+            if nd < best[j] {
+                best[j] = nd;
+                if starts_char { deque.push_back((j, nd)) } else { deque.push_front((j, nd)) }
+            }
+        }
+    }
     let safe = safe_states(dfa, &order, &seen, &dist, stride2, max_index);
     let infinite = every_live_state_infinite(dfa, &order, &seen, &dist, stride2);
-    Some(LiveTable { stride2, dist, safe, infinite })
+    Some(LiveTable { stride2, dist, char_dist, safe, infinite })
 }
 
 /// Whether every live state in `order` (all states reachable from the start) has infinitely

@@ -319,6 +319,10 @@ pub struct LiveTable {
     pub stride2: usize,
     /// By state index.
     pub dist: Vec<u32>,
+    /// By state index: the fewest characters from the state to a match (bytes that start a
+    /// character count, UTF-8 continuation bytes do not), `u32::MAX` where none is reachable.
+    /// `maxLength` counts characters, so the room left is compared with this, not `dist`.
+    pub char_dist: Vec<u32>,
     /// By state index: no byte sequence leads from the state to one that cannot match (an
     /// unanchored pattern once matched, or with nothing to rule out).
     pub safe: Vec<bool>,
@@ -376,6 +380,14 @@ impl Graph {
     pub fn distance(&self, p: u32, st: u32) -> Option<u32> {
         let t = &self.live[p as usize];
         t.dist.get((st as usize) >> t.stride2).copied().filter(|&d| d != u32::MAX)
+    }
+
+    /// The fewest characters from state `st` of automaton `p` to a match, if one is
+    /// reachable (the rest of a character begun counts nothing).
+    #[inline]
+    pub fn char_distance(&self, p: u32, st: u32) -> Option<u32> {
+        let t = &self.live[p as usize];
+        t.char_dist.get((st as usize) >> t.stride2).copied().filter(|&d| d != u32::MAX)
     }
 
     /// Whether every byte sequence from state `st` of automaton `p` keeps it able to match.

@@ -101,7 +101,8 @@ impl Steps for ClassSteps<'_> {
             let p = key.patterns[k].0;
             let st = g.dfas[p as usize].next_state(StateID::new(w.dfa[k] as usize).unwrap_or(StateID::ZERO), b);
             next.dfa[k] = st.as_u32();
-            let ok = match g.distance(p, st.as_u32()) {
+            // The room left counts characters, like `maxLength`.
+            let ok = match g.char_distance(p, st.as_u32()) {
                 None => false,
                 Some(d) => key.left == u32::MAX || count.saturating_add(d) <= key.left,
             };
@@ -855,9 +856,10 @@ impl SchemaRecognizer {
                             }
                         }
                         dfa[k] = st.as_u32();
-                        // Under `maxLength`, the pattern must be completable in the room left.
+                        // Under `maxLength`, the pattern must be completable in the room left,
+                        // counted in characters (`len` already counts the one begun).
                         if s.max_len != u32::MAX
-                            && g.distance(p, st.as_u32()).is_none_or(|d| len.saturating_add(d) > s.max_len)
+                            && g.char_distance(p, st.as_u32()).is_none_or(|d| len.saturating_add(d) > s.max_len)
                         {
                             return;
                         }

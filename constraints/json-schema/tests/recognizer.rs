@@ -330,6 +330,23 @@ fn exponents_that_cannot_end_inside_the_bounds_are_refused() {
     assert!(prefix_alive(&rec, "1e-000") && !prefix_alive(&rec, "1e-4"));
 }
 
+/// `maxLength` counts characters and a pattern's distance to a match was counted in bytes:
+/// under `maxLength: 2` the second `é` (two bytes) was refused at its first byte, so `"é`
+/// was a dead end (found by a random walk over a hostile schema).
+#[test]
+fn multibyte_characters_fill_the_room_by_characters() {
+    let s = r#"{"type":"string","minLength":2,"maxLength":2,"pattern":"^[é😀]+$"}"#;
+    check(s, "{}", &["\"éé\"", "\"é😀\"", "\"😀😀\""], &["\"é\"", "\"ééé\"", "\"ab\""]);
+    // The room is still enforced: three characters of a pattern that needs them do not fit.
+    let s = r#"{"type":"string","maxLength":2,"pattern":"^é{3}$"}"#;
+    let e = compile_recognizer("json-schema", s, "{}");
+    assert!(e.as_ref().map(|(rec, _)| !prefix_alive(rec, "\"é")).unwrap_or(true), "no room for three");
+    let s = r#"{"type":"string","maxLength":3,"pattern":"^aé+b$"}"#;
+    check(s, "{}", &["\"aéb\""], &["\"aééb\""]);
+    let (rec, _) = compile_recognizer("json-schema", s, "{}").unwrap();
+    assert!(prefix_alive(&rec, "\"aé") && !prefix_alive(&rec, "\"aéé"));
+}
+
 /// Whether some document under `rec` starts with `prefix` (the recogniser's promise: a state
 /// it returns can still reach an accepting one).
 fn prefix_alive(rec: &impl Recognizer, prefix: &str) -> bool {
