@@ -66,6 +66,9 @@ use crate::graph::{
 pub const MAX_NODES: usize = 200_000;
 /// Deepest nesting of schemas followed while compiling.
 pub const MAX_DEPTH: usize = 200;
+/// 2^53: below it in magnitude every integer is an f64, so bounds and multiples there compare
+/// exactly as f64 values.
+pub(crate) const EXACT: f64 = 9_007_199_254_740_992.0;
 /// Largest DFA per pattern.
 pub const MAX_DFA_BYTES: usize = 8 << 20;
 
@@ -1578,7 +1581,6 @@ impl<'a> Compiler<'a> {
     /// is exact in the state, and at least `min_items` values between them. The recogniser
     /// then refuses a digit past which only written values are left, and a `,` once none is.
     fn unique_integer_of(&self, mut id: NodeId, min_items: u32) -> Option<NumberNode> {
-        const EXACT: f64 = 9_007_199_254_740_992.0;
         for _ in 0..16 {
             match &self.nodes[id as usize] {
                 Node::Number(n)
@@ -1881,7 +1883,6 @@ impl<'a> Compiler<'a> {
         // Bounds are compared as f64: past 2^53 neighbouring integers share a value, so a
         // number just beyond such a bound can pass. Integers whose bounds the schema gives
         // exactly are compared as integers instead; elsewhere this is said, not hidden.
-        const EXACT: f64 = 9_007_199_254_740_992.0;
         let beyond = [min, max].iter().flatten().any(|(x, _)| x.abs() > EXACT);
         let exact = (integer && beyond && multiple_of.is_none()).then(|| exact_integer_bounds(map)).flatten();
         for (k, b) in [("minimum", min), ("maximum", max)] {
@@ -1925,7 +1926,6 @@ fn admits_no_number(
     multiple_of: Option<f64>,
     exact: Option<(i128, i128)>,
 ) -> bool {
-    const EXACT: f64 = 9_007_199_254_740_992.0;
     if exact.is_some_and(|(lo, hi)| lo > hi) {
         return true;
     }
@@ -1968,7 +1968,7 @@ fn exact_integer_bounds(map: &Map<String, Value>) -> Option<(i128, i128)> {
         if let Some(u) = n.as_u64() {
             return Some((u as i128, u as i128));
         }
-        let f = n.as_f64().filter(|f| f.abs() <= 9_007_199_254_740_992.0)?;
+        let f = n.as_f64().filter(|f| f.abs() <= EXACT)?;
         Some((f.floor() as i128, f.ceil() as i128))
     }
     let flag = |k: &str| matches!(map.get(k), Some(Value::Bool(true)));
@@ -2369,7 +2369,6 @@ fn none_of(words: &[&str], at: &str) -> Result<String, ConstraintError> {
 /// (while it stays below 2^53), or the larger of two values when it is a whole multiple of
 /// the smaller. `None` otherwise (`0.3` and `0.5`).
 fn common_multiple(a: &Value, b: &Value) -> Option<Value> {
-    const EXACT: f64 = 9_007_199_254_740_992.0;
     let (x, y) = (a.as_f64().filter(|x| *x > 0.0)?, b.as_f64().filter(|y| *y > 0.0)?);
     if x == y {
         return Some(a.clone());

@@ -1354,9 +1354,7 @@ fn int_prefix_feasible(n: &crate::graph::NumberNode, neg: bool, v: f64) -> bool 
         let (a, b) = (min.map_or(a, |m| a.max(m)), max.map_or(b, |m| b.min(m)));
         match step {
             _ if a > b || open_end_misses => false,
-            Some(k) if a.abs() <= 9_007_199_254_740_992.0 && b.abs() <= 9_007_199_254_740_992.0 => {
-                (a / k).ceil() * k <= b
-            }
+            Some(k) if a.abs() <= crate::compile::EXACT && b.abs() <= crate::compile::EXACT => (a / k).ceil() * k <= b,
             _ => true,
         }
     };
