@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Issue 8's side-by-side test: dspark (DSpark on) against llama.cpp's `llama-server` on the same
+# The side-by-side test: dspark (DSpark on) against llama.cpp's `llama-server` on the same
 # GGUF file, the same prompts and the same machine, with `dspark bench --compare`.
 #
 # llama-server runs with 8 slots and continuous batching, one thread per core, 2,048 tokens of
 # context per slot (dspark's `max_model_len`), the schema in its own `json_schema` field.
-# Flash attention is off by default (LLAMA_FLASH_ATTN=on|off|auto): the issue names it as
+# Flash attention is off by default (LLAMA_FLASH_ATTN=on|off|auto): it is often named as
 # llama-server's best setting, but on this 2-core Xeon it decoded SmolLM2 at 13.7 ms a token
-# with it and 7.5 ms without (one request, 300-token prompts; `docs/benchmarks.md`).
+# with it and 7.5 ms without (one request, 300-token prompts).
 # Both servers stay up for the whole run; `dspark bench` alternates blocks of requests between
 # them, so only one works at a time.
 #

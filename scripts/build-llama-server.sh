@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-server`, the baseline of issue 8's side-by-side benchmark, from the
+# Builds llama.cpp's `llama-server`, the baseline of the side-by-side benchmark, from the
 # package registries alone: the llama.cpp sources vendored in PyPI's `llama-cpp-python` sdist
 # (pinned version, sha256 checked) and CMake from PyPI when the machine has none. No web UI
 # (it would be downloaded), no curl or OpenSSL; `GGML_NATIVE` so ggml uses every instruction

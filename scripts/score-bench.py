@@ -3,7 +3,7 @@
 
 Times lm-eval-style scoring requests (`echo: true, logprobs: 1, max_tokens: 1`) against plain
 ones (`max_tokens: 1`) on distinct token-id prompts of LENGTH tokens, alternated, one at a time,
-and prints the medians (docs/benchmarks.md)."""
+and prints the medians (docs/results.md)."""
 import json, statistics, sys, time, urllib.request
 
 url, model, n_prompts, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

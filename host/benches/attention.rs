@@ -1,5 +1,5 @@
 //! One row's attention over an f16 or a bf16 cache, as the engine runs it for those caches
-//! ([`online_attention::attend`], [`bf16_attention::attend`]: scores, online softmax and
+//! ([`f16::attend`](online_attention::attend), [`bf16::attend`](bf16_attention::attend): scores, online softmax and
 //! weighted sum in one pass): `cargo bench -p dspark-host --bench attention`. One thread, one
 //! head group sharing a kv head (1 query head: the work item of a row decoded alone, whose
 //! heads go one per item; 3: SmolLM2's group; 7: Qwen2.5's), head size 64, blocks of
@@ -16,8 +16,8 @@
 mod common;
 
 use common::{median_secs, values};
-use dspark_host::engine::backend::key_scores::KeyLanes;
-use dspark_host::engine::backend::{bf16_attention, online_attention};
+use dspark_host::engine::backend::cpu::attention::key_lanes::KeyLanes;
+use dspark_host::engine::backend::cpu::attention::{bf16 as bf16_attention, f16 as online_attention};
 use half::f16;
 
 fn main() {

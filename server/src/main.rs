@@ -1,13 +1,15 @@
 //! `dspark`: the command-line entry point.
 //!
-//! Subcommands so far: `plugins list|validate` (the plugin registry), `constraint check|maskbench`
-//! (drive a real constraint plugin in wasmtime without a model) and `generate` (one prompt
-//! through the engine), `serve` (the OpenAI-compatible server), `engine-bench` (the engine
-//! alone) and `bench` (a load generator for any OpenAI-compatible server).
+//! Subcommands: `serve` (the OpenAI-compatible server: [`openai`] speaks the API, [`serving`]
+//! runs the model entries), `generate` (one prompt through the engine, optionally
+//! constrained), `plugins list|validate` (the plugin registry), `constraint check` (drive a
+//! real constraint plugin in wasmtime without a model), and the benchmarks and diagnostics of
+//! the `dspark-bench` crate: `constraint maskbench`, `engine-bench`, `bench` (a load generator
+//! for any OpenAI-compatible server) and `cuda-check`.
 
-mod bench;
 mod cli;
-mod serve;
+mod openai;
+mod serving;
 
 use std::process::ExitCode;
 

@@ -11,8 +11,8 @@ pub mod server;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use dspark_host::plugin::registry::Registry;
 use dspark_host::plugin::{PluginRuntime, RuntimeConfig};
-use dspark_host::registry::Registry;
 use dspark_host::tokenizer::{CanonicalTokenizer, TokenTable};
 
 /// The repository's root folder.

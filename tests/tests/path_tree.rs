@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use dspark_host::pathtree::{Mask, PathTree, SharedTree, StateSource, TreeWalker, lock};
+use dspark_host::constraint::path_tree::{Mask, PathTree, SharedTree, StateSource, TreeWalker, lock};
 use dspark_host::plugin::{CompiledHandle, MatcherHandle, PluginInstance, TokenMask};
 use dspark_host::tokenizer::{CanonicalTokenizer, HfTokenizer};
 use dspark_tests::{Fixture, builtin_plugin, tokenizer_json};

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use dspark_host::plugin::registry::{EntryState, Registry};
 use dspark_host::plugin::{PluginRuntime, RuntimeConfig};
-use dspark_host::registry::{EntryState, Registry};
 use dspark_tests::{Fixture, builtin_plugin, install, test_plugin};
 
 fn set_manifest_field(dir: &std::path::Path, key: &str, value: &str) {

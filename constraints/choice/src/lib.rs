@@ -6,11 +6,7 @@
 //!
 //! Options: none are defined yet; anything but `{}` is an `invalid-options` error.
 
-use std::sync::Arc;
-
-use dspark_guest::{
-    CompiledConstraint, ConstraintError, ErrorCode, Plugin, Recognizer, RecognizerConstraint, TokenTable, key,
-};
+use dspark_guest::{ConstraintError, ErrorCode, Recognizer, key};
 
 /// The most choices accepted.
 pub const MAX_CHOICES: usize = 100_000;
@@ -106,37 +102,24 @@ impl Recognizer for ChoiceRecognizer {
     }
 }
 
-/// The plugin: serves kind `choice`.
-#[derive(Default)]
-pub struct ChoicePlugin;
-
-impl Plugin for ChoicePlugin {
-    fn kinds(&self) -> Vec<String> {
-        vec!["choice".into()]
-    }
-
-    fn compile(
-        &self,
-        kind: &str,
-        source: &str,
-        options: &str,
-        table: &Arc<TokenTable>,
-    ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
-        dspark_guest::check_kind(kind, &["choice"])?;
-        dspark_guest::no_options(options)?;
-        let choices: Vec<String> = serde_json::from_str(source).map_err(|e| {
-            ConstraintError::new(ErrorCode::InvalidSource, format!("the source must be a JSON array of strings: {e}"))
-        })?;
-        Ok(RecognizerConstraint::new(ChoiceRecognizer::new(&choices)?, table, Vec::new()))
-    }
+/// A choice constraint from its source: a JSON array of strings.
+fn from_source(source: &str) -> Result<ChoiceRecognizer, ConstraintError> {
+    let choices: Vec<String> = serde_json::from_str(source).map_err(|e| {
+        ConstraintError::new(ErrorCode::InvalidSource, format!("the source must be a JSON array of strings: {e}"))
+    })?;
+    ChoiceRecognizer::new(&choices)
 }
 
-dspark_guest::export_plugin!(ChoicePlugin);
+dspark_guest::recognizer_plugin!(ChoicePlugin, "choice", from_source);
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Arc;
+
     use dspark_guest::testing::walk_text;
+    use dspark_guest::{Plugin, TokenTable};
+
+    use super::*;
 
     #[test]
     fn only_the_choices_are_accepted_and_unique_tails_are_forced() {

@@ -16,15 +16,13 @@
 
 use std::collections::HashMap;
 
-use regex_automata::MatchKind;
-use regex_automata::dfa::{StartKind, dense};
+use dspark_guest::dfa::{Automaton, DfaError};
+use regex_automata::dfa::dense;
 
 use crate::ast::{Expr, Grammar, Pos};
 
 /// Most copies one `{m,n}` / `~ m..n` unrolls into.
 pub const MAX_UNROLL: u32 = 512;
-/// Most memory one terminal's DFA may take.
-pub const MAX_DFA_BYTES: usize = 8 * 1024 * 1024;
 /// Most alternatives in the compiled grammar.
 pub const MAX_ALTS: usize = 200_000;
 
@@ -356,51 +354,14 @@ fn position(expr: &Expr) -> Pos {
 }
 
 fn build_dfa(pattern: &str, pos: Pos) -> Result<Terminal, CompileError> {
-    let dfa = dense::Builder::new()
-        .configure(
-            dense::Config::new()
-                .start_kind(StartKind::Anchored)
-                .match_kind(MatchKind::All)
-                .dfa_size_limit(Some(MAX_DFA_BYTES))
-                .determinize_size_limit(Some(MAX_DFA_BYTES)),
-        )
-        .build(&format!("(?:{pattern})\\z"))
-        .map_err(|e| {
-            let text = dspark_guest::error_chain(&e);
-            if text.contains("exceeded") || text.contains("limit") {
-                CompileError::large(Some(pos), format!("a terminal's automaton is too large: {text}"))
-            } else {
-                CompileError::at(pos, format!("invalid regex: {text}"))
-            }
-        })?;
-    use regex_automata::dfa::Automaton;
-    let start = dfa
-        .start_state(&regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes))
-        .map_err(|e| CompileError::at(pos, format!("the regex has no start state: {e}")))?;
+    let built = dspark_guest::dfa::anchored(pattern).map_err(|e| match e {
+        DfaError::TooLarge(m) => CompileError::large(Some(pos), format!("a terminal's automaton is too large: {m}")),
+        DfaError::Syntax(m) => CompileError::at(pos, format!("invalid regex: {m}")),
+    })?;
+    let (dfa, start) = (built.dfa, built.start);
     let nullable = dfa.is_match_state(dfa.next_eoi_state(start));
-    let productive = matches_some_text(&dfa, start);
+    let productive = dspark_guest::dfa::matches_some_text(&dfa, start);
     Ok(Terminal { dfa, start: start.as_u32(), nullable, productive })
-}
-
-/// Whether any text takes `dfa` from `start` to a match: a walk over one byte of each byte
-/// class, each state once (bounded by the DFA's size limit).
-fn matches_some_text(dfa: &dense::DFA<Vec<u32>>, start: regex_automata::util::primitives::StateID) -> bool {
-    use regex_automata::dfa::Automaton;
-    let bytes: Vec<u8> = dfa.byte_classes().representatives(..).filter_map(|unit| unit.as_u8()).collect();
-    let mut seen = std::collections::HashSet::from([start]);
-    let mut pending = vec![start];
-    while let Some(state) = pending.pop() {
-        if dfa.is_match_state(dfa.next_eoi_state(state)) {
-            return true;
-        }
-        for &byte in &bytes {
-            let next = dfa.next_state(state, byte);
-            if !dfa.is_dead_state(next) && !dfa.is_quit_state(next) && seen.insert(next) {
-                pending.push(next);
-            }
-        }
-    }
-    false
 }
 
 /// Compiles a grammar.

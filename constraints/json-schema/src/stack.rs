@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use dspark_guest::key;
 
-use crate::recognizer::Frame;
+use crate::recognizer::frame::Frame;
 
 struct Link {
     frame: Frame,

@@ -11,10 +11,14 @@ use std::sync::{Arc, Mutex};
 
 use dspark_guest::{Recognizer, TokenSet, TokenTable, TokenTrie};
 
-pub use crate::recognizer::PatternClassCache;
+pub use crate::recognizer::classes::PatternClassCache;
 
 use crate::graph::Node;
-use crate::recognizer::{Chars, ClassKey, Frame, SchemaRecognizer, State, extend_text};
+use crate::recognizer::SchemaRecognizer;
+use crate::recognizer::classes::ClassKey;
+use crate::recognizer::frame::{Chars, Frame};
+use crate::recognizer::state::State;
+use crate::recognizer::unique::extend_text;
 
 /// Token classes of one table.
 pub struct StringSets {
@@ -68,7 +72,7 @@ impl TailIndex {
                 if c.is_plain() && b == b'"' {
                     return i;
                 }
-                c = crate::recognizer::advance_chars(c, b).unwrap_or_default();
+                c = crate::recognizer::frame::advance_chars(c, b).unwrap_or_default();
             }
             0
         };
@@ -160,7 +164,7 @@ impl StringSets {
                 if c.is_plain() {
                     chars += 1;
                 }
-                match crate::recognizer::advance_chars(c, b) {
+                match crate::recognizer::frame::advance_chars(c, b) {
                     Some(next) => c = next,
                     None => {
                         valid = false;
@@ -467,7 +471,7 @@ fn content_chars(bytes: &[u8]) -> u32 {
         if c.is_plain() {
             n += 1;
         }
-        c = crate::recognizer::advance_chars(c, b).unwrap_or_default();
+        c = crate::recognizer::frame::advance_chars(c, b).unwrap_or_default();
     }
     n
 }

@@ -4,28 +4,20 @@
 //! `pattern` and vLLM's `guided_regex`) is compiled into a dense DFA over bytes, anchored at the
 //! start and, through a trailing `\z`, at the end. The DFA is the [`Recognizer`]: its state id
 //! is the whole state, so it is also the state key, and the SDK's trie walk turns it into token
-//! masks. Size limits make patterns whose DFA would explode (`(a|b)*a(a|b){20}`) a clear
-//! `too-large` error instead of a hang. A pattern that matches no text at all (`[^\s\S]`,
+//! masks. The SDK's size cap ([`dspark_guest::dfa::MAX_DFA_BYTES`]) makes patterns whose DFA
+//! would explode (`(a|b)*a(a|b){20}`) a clear `too-large` error instead of a hang. A pattern that matches no text at all (`[^\s\S]`,
 //! `[a&&b]`) is an `invalid-source` error at compile time: served, it could only end the
 //! generation at a dead end.
 //!
 //! Options: none are defined yet; anything but `{}` is an `invalid-options` error.
 
-use std::collections::HashSet;
-use std::sync::Arc;
-
-use dspark_guest::{
-    CompiledConstraint, ConstraintError, ErrorCode, Plugin, Recognizer, RecognizerConstraint, TokenTable, key,
-};
-use regex_automata::dfa::{Automaton, StartKind, dense};
+use dspark_guest::dfa::DfaError;
+use dspark_guest::{ConstraintError, ErrorCode, Recognizer, key};
+use regex_automata::dfa::{Automaton, dense};
 use regex_automata::util::primitives::StateID;
-use regex_automata::util::start;
-use regex_automata::{Anchored, MatchKind};
 
 /// Patterns longer than this are refused.
 pub const MAX_PATTERN_BYTES: usize = 64 * 1024;
-/// The most memory a compiled DFA may take.
-pub const MAX_DFA_BYTES: usize = 32 * 1024 * 1024;
 
 /// A regex as a byte recogniser.
 pub struct RegexRecognizer {
@@ -46,60 +38,23 @@ impl RegexRecognizer {
         // than into the anchored wrapper below.
         regex_automata::util::syntax::parse(pattern)
             .map_err(|e| ConstraintError::new(ErrorCode::InvalidSource, format!("invalid regex: {e}")))?;
-        let anchored = format!("(?:{pattern})\\z");
-        let dfa = dense::Builder::new()
-            .configure(
-                dense::Config::new()
-                    .start_kind(StartKind::Anchored)
-                    .match_kind(MatchKind::All)
-                    .dfa_size_limit(Some(MAX_DFA_BYTES))
-                    .determinize_size_limit(Some(MAX_DFA_BYTES)),
-            )
-            .build(&anchored)
-            .map_err(|e| {
-                // The top-level message is generic ("error building NFA"); the cause says what.
-                let text = dspark_guest::error_chain(&e);
-                let code = if text.contains("exceeded") || text.contains("limit") {
-                    ErrorCode::TooLarge
-                } else {
-                    ErrorCode::InvalidSource
-                };
-                ConstraintError::new(code, format!("cannot compile the regex: {text}"))
-            })?;
-        let start = dfa
-            .start_state(&start::Config::new().anchored(Anchored::Yes))
-            .map_err(|e| ConstraintError::new(ErrorCode::Unsupported, format!("the regex has no start state: {e}")))?;
+        let built = dspark_guest::dfa::anchored(pattern).map_err(|e| match e {
+            DfaError::TooLarge(m) => {
+                ConstraintError::new(ErrorCode::TooLarge, format!("cannot compile the regex: {m}"))
+            }
+            DfaError::Syntax(m) => {
+                ConstraintError::new(ErrorCode::InvalidSource, format!("cannot compile the regex: {m}"))
+            }
+        })?;
+        let (dfa, start) = (built.dfa, built.start);
         let recognizer = Self { dfa, start };
-        if !recognizer.matches_some_text() {
+        if !dspark_guest::dfa::matches_some_text(&recognizer.dfa, recognizer.start) {
             return Err(ConstraintError::new(
                 ErrorCode::InvalidSource,
                 "the regex matches no text at all, so no output could satisfy it",
             ));
         }
         Ok(recognizer)
-    }
-
-    /// Whether any text matches: a walk from the start state over one byte of each of the
-    /// DFA's byte classes (bytes of a class lead to the same state), looking for a state that
-    /// the end of the text accepts. Each state is visited once, so this is bounded by the
-    /// DFA's size, which the size limits bound.
-    fn matches_some_text(&self) -> bool {
-        let bytes: Vec<u8> = self.dfa.byte_classes().representatives(..).filter_map(|unit| unit.as_u8()).collect();
-        let mut seen = HashSet::from([self.start]);
-        let mut pending = vec![self.start];
-        while let Some(state) = pending.pop() {
-            if self.is_accepting(&state) {
-                return true;
-            }
-            for &byte in &bytes {
-                if let Some(next) = self.advance(&state, byte)
-                    && seen.insert(next)
-                {
-                    pending.push(next);
-                }
-            }
-        }
-        false
     }
 
     /// Whether `text` matches the regex whole (for tests).
@@ -138,34 +93,16 @@ impl Recognizer for RegexRecognizer {
     }
 }
 
-/// The plugin: serves kind `regex`.
-#[derive(Default)]
-pub struct RegexPlugin;
-
-impl Plugin for RegexPlugin {
-    fn kinds(&self) -> Vec<String> {
-        vec!["regex".into()]
-    }
-
-    fn compile(
-        &self,
-        kind: &str,
-        source: &str,
-        options: &str,
-        table: &Arc<TokenTable>,
-    ) -> Result<Arc<dyn CompiledConstraint>, ConstraintError> {
-        dspark_guest::check_kind(kind, &["regex"])?;
-        dspark_guest::no_options(options)?;
-        Ok(RecognizerConstraint::new(RegexRecognizer::new(source)?, table, Vec::new()))
-    }
-}
-
-dspark_guest::export_plugin!(RegexPlugin);
+dspark_guest::recognizer_plugin!(RegexPlugin, "regex", RegexRecognizer::new);
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Arc;
+
     use dspark_guest::testing::walk_text;
+    use dspark_guest::{CompiledConstraint, Plugin, TokenTable};
+
+    use super::*;
 
     fn compile(pattern: &str) -> (Arc<TokenTable>, Arc<dyn CompiledConstraint>) {
         let table = Arc::new(TokenTable::byte_level_for_tests(&["ab", "abc", "12", "-0", "00"]));

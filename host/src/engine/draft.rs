@@ -27,7 +27,7 @@ pub struct PromptLookup {
 /// The default: one token after a three-token match, the best of the settings measured on
 /// the 2-core Xeon (Sapphire Rapids) with one sequence running: 1.04-1.14x per request against
 /// two tokens on the `orders` workload, 1.02-1.06x against no lookup, the same as two tokens
-/// on `text` (`docs/benchmarks.md`, fifteenth session). On the 2-core AMD EPYC before it, two
+/// on `text`. On a 2-core AMD EPYC, two
 /// tokens had measured 1.11-1.17x requests/s against no lookup and one token (after a
 /// two-token match) 1.07x. Longer drafts and shorter matches waste rows on both.
 impl Default for PromptLookup {

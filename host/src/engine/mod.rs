@@ -1,23 +1,30 @@
 //! The model engine: GGUF models on a backend, a paged KV cache, continuous batching and the
 //! sampler.
 //!
-//! Data flow of one step (see ARCHITECTURE.md): the [`scheduler`] plans which tokens of which
-//! sequences to feed (decode tokens, fast-forward chunks, prefill chunks under a token budget,
-//! with [`blocks`] allocating and sharing KV blocks); [`llm`] flattens them into a
-//! [`backend::ForwardBatch`] and runs the [`model`] on its [`backend`]; the [`sampler`] picks
-//! tokens under the constraints' masks; [`detokenize`] turns tokens into text and finds stop
-//! strings. [`gguf`], [`gguf_tokenizer`] and [`chat`] read the model file, its tokenizer and
-//! its chat template.
+//! Data flow of one step (see `docs/design.md`): a [`request`] comes in with its
+//! [`constraint`] (anything implementing [`SequenceConstraint`]); the [`scheduler`] plans which
+//! tokens of which sequences to feed (decode tokens, fast-forward chunks, prefill chunks under
+//! a token budget, with [`blocks`] allocating and sharing KV blocks); [`llm_engine`] flattens
+//! them into a [`backend::ForwardBatch`] and runs the [`model`] on its [`backend`] while
+//! [`overlap`] computes the constraints' masks; the [`sampler`] picks tokens under those
+//! masks; [`detokenize`] turns tokens into text and finds stop strings. [`gguf`] and [`chat`]
+//! read the model file and its chat template ([`crate::tokenizer::gguf`] its tokenizer).
+//! [`config`] holds the engine's limits and counters; [`dynamic`] lets the caller choose the
+//! backend at run time.
 
 pub mod backend;
 pub mod blocks;
 pub mod chat;
+pub mod config;
+pub mod constraint;
 pub mod detokenize;
 pub mod draft;
+pub mod dynamic;
 pub mod gguf;
-pub mod gguf_tokenizer;
-pub mod llm;
+pub mod llm_engine;
 pub mod model;
+pub mod overlap;
+pub mod request;
 pub mod sampler;
 pub mod scheduler;
 
@@ -25,14 +32,16 @@ use std::path::Path;
 
 use anyhow::Context;
 
+/// The tokenizer the engine detokenises with (it lives in [`crate::tokenizer`]).
+pub use crate::tokenizer::ModelTokenizer;
 pub use backend::{Backend, CpuBackend};
+pub use config::{EngineConfig, EngineStats};
+pub use constraint::{ConstraintStep, Guess, Mask, SequenceConstraint};
 pub use draft::PromptLookup;
-pub use gguf_tokenizer::ModelTokenizer;
-pub use llm::{
-    ConstraintStep, EngineConfig, EngineStats, FinishReason, GenerationRequest, Guess, LlmEngine, RequestError,
-    SequenceConstraint, SequenceUpdate, StopReason, TokenOutput,
-};
+pub use dynamic::{BackendChoice, Engine, LoadedModel, load};
+pub use llm_engine::LlmEngine;
 pub use model::Model;
+pub use request::{FinishReason, GenerationRequest, RequestError, SequenceUpdate, StopReason, TokenOutput};
 pub use sampler::SamplingParams;
 
 /// Loads a GGUF model and its tokenizer onto `backend`.

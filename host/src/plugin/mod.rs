@@ -1,4 +1,4 @@
-//! The sandboxed plugin runtime.
+//! The sandboxed plugin runtime and the [`registry`] of installed plugins.
 //!
 //! Data flow: a [`Manifest`] and its `plugin.wasm` are loaded by a [`PluginRuntime`] into a
 //! [`LoadedPlugin`] (the component compiled once, or taken from the on-disk cache, and
@@ -19,6 +19,7 @@ pub mod deadline;
 mod error;
 mod instance;
 mod manifest;
+pub mod registry;
 mod runtime;
 
 pub use error::{ConstraintError, ErrorCode, PluginError};

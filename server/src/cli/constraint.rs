@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
 use clap::Subcommand;
-use dspark_host::plugin::{MatcherHandle, PluginError, PluginInstance};
-use dspark_host::registry::{EntryState, Registry};
+use dspark_host::plugin::registry::{EntryState, Registry};
+use dspark_host::plugin::{MatcherHandle, PluginError, PluginInstance, RuntimeConfig};
 use dspark_host::tokenizer::{CanonicalTokenizer, HfTokenizer};
 
 use super::RuntimeArgs;
@@ -101,8 +101,9 @@ pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
                 .transpose()?;
             let (plugin, kind) =
                 if as_tools.is_some() { ("tool-call".into(), "tool-call".into()) } else { (plugin, kind) };
-            return super::maskbench::run(super::maskbench::Args {
-                runtime,
+            return dspark_bench::maskbench::run(dspark_bench::maskbench::Args {
+                plugins_dir: runtime.plugins_dir,
+                state_dir: runtime.state_dir.unwrap_or_else(RuntimeConfig::default_state_dir),
                 plugin,
                 kind,
                 as_tools,

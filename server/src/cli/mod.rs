@@ -1,10 +1,7 @@
 //! Argument parsing and dispatch.
 
 mod constraint;
-mod cuda_check;
-mod engine_bench;
 mod generate;
-mod maskbench;
 mod plugins;
 mod serve;
 
@@ -33,17 +30,17 @@ enum Command {
     Constraint(constraint::ConstraintCommand),
     /// Measure the engine: decode and prefill speed against the memory-bandwidth floor, chunks,
     /// peak memory.
-    EngineBench(engine_bench::EngineBenchArgs),
+    EngineBench(dspark_bench::engine_bench::EngineBenchArgs),
     /// Serve models over the OpenAI API.
     Serve(serve::ServeArgs),
     /// Generate text from a prompt with a GGUF model (prints prompt and decode timings).
     Generate(generate::GenerateArgs),
     /// Load-test an OpenAI-compatible server (ours, llama.cpp, vLLM) with structured-output
     /// workloads, optionally against a second target.
-    Bench(crate::bench::BenchArgs),
+    Bench(dspark_bench::load::BenchArgs),
     /// Run every CUDA kernel on a GPU against its CPU reference (needs an NVIDIA driver and
     /// NVRTC on LD_LIBRARY_PATH; scripts/gpu-check.sh runs it).
-    CudaCheck(cuda_check::CudaCheckArgs),
+    CudaCheck(dspark_bench::cuda_check::CudaCheckArgs),
 }
 
 /// Options every command that runs plugins shares.
@@ -71,10 +68,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Plugins(c) => plugins::run(c),
         Command::Constraint(c) => constraint::run(c),
-        Command::EngineBench(a) => engine_bench::run(a).map(|()| ExitCode::SUCCESS),
+        Command::EngineBench(a) => dspark_bench::engine_bench::run(a).map(|()| ExitCode::SUCCESS),
         Command::Serve(a) => serve::run(a).map(|()| ExitCode::SUCCESS),
         Command::Generate(a) => generate::run(a).map(|()| ExitCode::SUCCESS),
-        Command::Bench(a) => crate::bench::run(a).map(|()| ExitCode::SUCCESS),
-        Command::CudaCheck(a) => cuda_check::run(a),
+        Command::Bench(a) => dspark_bench::load::run(a).map(|()| ExitCode::SUCCESS),
+        Command::CudaCheck(a) => dspark_bench::cuda_check::run(a),
     }
 }

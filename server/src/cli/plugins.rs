@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use dspark_host::registry::Registry;
+use dspark_host::plugin::registry::Registry;
 
 use super::RuntimeArgs;
 

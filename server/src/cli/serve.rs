@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use dspark_host::plugin::RuntimeConfig;
 
-use crate::serve::config::{EntryConfig, KvCacheDtype};
-use crate::serve::{ServeOptions, cli_entry};
+use crate::serving::config::{EntryConfig, KvCacheDtype};
+use crate::serving::{ServeOptions, cli_entry};
 
 /// The default model, fetched by `scripts/fetch-assets.sh`.
 pub const DEFAULT_MODEL: &str = "assets/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -102,7 +102,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         config.validate().context("--model")?;
         entries.push(cli_entry(name, path, config));
     }
-    crate::serve::run(ServeOptions {
+    crate::serving::run(ServeOptions {
         addr,
         entries,
         config: args.config,

@@ -9,16 +9,8 @@
 //! keys and as many values. Which slot a token's K/V goes to, and which slots a query attends
 //! to, come from the block tables in [`ForwardBatch`].
 
-pub mod bf16_attention;
 pub mod cpu;
 pub mod cuda;
-pub mod expf;
-pub mod int8_attention;
-pub mod key_scores;
-pub mod online_attention;
-pub mod packed;
-pub mod packed_k;
-pub mod pool;
 
 use candle_core::quantized::QTensor;
 
@@ -78,14 +70,14 @@ pub enum KvDtype {
     F16,
     /// bfloat16: the memory of f16, f32's range, 8 bits of mantissa; what bf16 models (most
     /// current ones, SmolLM2 and Qwen2.5 among them) and GPU servers keep their caches in. On
-    /// the CPU its attention takes AVX-512 BF16 dot products ([`bf16_attention`]): about half
+    /// the CPU its attention takes AVX-512 BF16 dot products ([`cpu::attention::bf16`]): about half
     /// the f16 path's time where the CPU has them, several times it where it does not.
     Bf16,
     /// Single precision.
     F32,
     /// Signed bytes with an f32 scale per 32 elements of a (slot, kv head): llama.cpp's `q8_0`
     /// cache type. A little over half the memory of the 2-byte types, at the price of 8-bit
-    /// rounding against each 32 elements' largest ([`int8_attention`]). Head sizes that are
+    /// rounding against each 32 elements' largest ([`cpu::attention::int8`]). Head sizes that are
     /// multiples of 32.
     Int8,
 }
@@ -103,7 +95,24 @@ impl KvDtype {
     /// The 2-byte type whose CPU attention is fastest here: bf16 where the CPU has AVX-512
     /// BF16, f16 elsewhere. What `kv_cache_dtype: auto` means.
     pub fn fastest() -> Self {
-        if bf16_attention::accelerated() { KvDtype::Bf16 } else { KvDtype::F16 }
+        if cpu::attention::bf16::accelerated() { KvDtype::Bf16 } else { KvDtype::F16 }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    /// `auto` (the fastest 2-byte type on this CPU, [`KvDtype::fastest`]), `f16`, `bf16`,
+    /// `f32` or `int8`: the values of `--kv-cache-dtype`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(KvDtype::fastest()),
+            "f16" => Ok(KvDtype::F16),
+            "bf16" => Ok(KvDtype::Bf16),
+            "f32" => Ok(KvDtype::F32),
+            "int8" => Ok(KvDtype::Int8),
+            other => Err(format!("unknown KV cache type `{other}` (auto, f16, bf16, f32, int8)")),
+        }
     }
 }
 
@@ -128,7 +137,7 @@ impl KvShape {
     /// Bytes of cache per token slot across all layers.
     pub fn bytes_per_slot(&self) -> usize {
         let per_head = match self.dtype {
-            KvDtype::Int8 => self.head_dim + self.head_dim / int8_attention::PART * 4,
+            KvDtype::Int8 => self.head_dim + self.head_dim / cpu::attention::int8::PART * 4,
             dtype => self.head_dim * dtype.bytes(),
         };
         2 * self.layers * self.kv_heads * per_head

@@ -1,6 +1,6 @@
 //! `dspark cuda-check`: every kernel of [`super::KERNELS`] run on the GPU against a scalar
 //! CPU reference written out here from the math, on seeded random inputs. This is the first
-//! thing a session with a GPU runs (scripts/gpu-check.sh): it proves the kernels before the
+//! thing to run on a machine with a GPU (scripts/gpu-check.sh): it proves the kernels before the
 //! backend that chains them is trusted.
 
 use std::sync::Arc;

@@ -11,9 +11,9 @@
 //! - [`layout`]: the host-side data layouts the kernels take (mask rows, padded block tables,
 //!   CUDA-graph batch buckets), tested here.
 //!
-//! Not here yet (no GPU in the sessions that built this): the `Backend` implementation over
-//! these kernels and cuBLAS, graph capture, and `--device`. `scripts/gpu-check.sh` is the
-//! script a session with a GPU runs to check them; see the note in that script.
+//! Not here yet (never run on a GPU): the `Backend` implementation over these kernels and
+//! cuBLAS, graph capture, and `--device`. `scripts/gpu-check.sh` is the script to run on a
+//! machine with a GPU to check them; see the note in that script.
 
 pub mod check;
 pub mod layout;

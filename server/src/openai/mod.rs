@@ -1,0 +1,69 @@
+//! The OpenAI API (with vLLM's extensions): routes, request fields, and responses.
+//!
+//! Routes: `POST /v1/chat/completions` ([`chat`]), `POST /v1/completions` ([`completions`]),
+//! `GET /v1/models`, `GET /v1/plugins`, `GET /health`, `GET /metrics` ([`info`]), and vLLM's
+//! `POST /tokenize` and `POST /detokenize` ([`tokenize`]). With an API key, every model route
+//! requires `Authorization: Bearer KEY` (401 otherwise); `/health` and `/metrics` stay open for
+//! probes and scrapers, as in vLLM.
+//!
+//! Data flow: a handler reads the body ([`request`]: typed fields, OpenAI error bodies naming
+//! the field), turns the structure fields and tools into one host constraint request
+//! ([`constraint`], [`tools`]), hands the choices to the entry's engine thread
+//! ([`generate`]), and renders the events as one JSON answer or as SSE chunks ([`stream`]).
+//! Nothing here knows about plugins, masks or the path tree: that is the host's constraint
+//! runtime.
+
+pub mod chat;
+pub mod completions;
+pub mod constraint;
+pub mod generate;
+pub mod info;
+pub mod request;
+pub mod stream;
+pub mod tokenize;
+pub mod tools;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::serving::error::ApiError;
+use crate::serving::state::AppState;
+
+/// The router over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(info::models))
+        .route("/v1/plugins", get(info::plugins))
+        // vLLM serves these beside /v1; here they take the API key like the model routes.
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(info::health))
+        .route("/metrics", get(info::metrics))
+        .layer(DefaultBodyLimit::max(state.body_limit))
+        .with_state(state)
+}
+
+async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        match given.and_then(|v| v.strip_prefix("Bearer ")) {
+            Some(k) if k.trim() == key => {}
+            Some(_) => return ApiError::unauthorized("Incorrect API key provided.").into_response(),
+            None => {
+                return ApiError::unauthorized("Missing API key: send `Authorization: Bearer <key>`.").into_response();
+            }
+        }
+    }
+    next.run(request).await
+}

@@ -1,0 +1,96 @@
+//! Serving the model entries: what `dspark serve` starts ([`run`]), the entries and their
+//! loading and hot reload ([`models`], [`config`]), one engine thread per entry ([`worker`]),
+//! the metrics ([`metrics`]), the state the HTTP handlers share ([`state`]) and the OpenAI
+//! error body ([`error`]). The API itself is [`crate::openai`].
+
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod models;
+pub mod state;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use dspark_host::plugin::registry::Registry;
+use dspark_host::plugin::{PluginRuntime, RuntimeConfig};
+
+use self::config::{EntryConfig, ModelEntry};
+use self::metrics::Metrics;
+use self::models::Models;
+use self::state::AppState;
+use crate::openai::router;
+
+/// Everything `dspark serve` needs to start.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Address to listen on.
+    pub addr: SocketAddr,
+    /// Entries from the command line (`--model`).
+    pub entries: Vec<ModelEntry>,
+    /// A config file of entries, watched for changes.
+    pub config: Option<PathBuf>,
+    /// Required bearer token.
+    pub api_key: Option<String>,
+    /// The plugin registry directory.
+    pub plugins_dir: PathBuf,
+    /// Plugin runtime state directory.
+    pub state_dir: PathBuf,
+    /// Largest request body in bytes.
+    pub body_limit: usize,
+}
+
+/// Default entry settings for `--model`.
+pub fn cli_entry(name: String, path: PathBuf, config: EntryConfig) -> ModelEntry {
+    ModelEntry { name, path, config }
+}
+
+/// Starts the server and serves until interrupted.
+pub fn run(options: ServeOptions) -> anyhow::Result<()> {
+    let runtime = PluginRuntime::new(RuntimeConfig::new(options.state_dir.clone()))?;
+    let registry = Arc::new(Registry::new(options.plugins_dir.clone(), runtime)?);
+    let report = registry.scan();
+    for (name, error) in &report.failed {
+        tracing::warn!(plugin = %name, "plugin not loaded: {error}");
+    }
+    let _registry_watch = registry.watch(Duration::from_secs(1), |report| {
+        tracing::info!(added = ?report.added, replaced = ?report.replaced, removed = ?report.removed, failed = ?report.failed, "plugin registry changed");
+    })?;
+    let metrics = Arc::new(Metrics::default());
+    let models = Models::new(metrics.clone());
+    let mut entries = options.entries.clone();
+    if let Some(config) = &options.config {
+        entries.extend(config::load_file(config)?);
+    }
+    if entries.is_empty() {
+        anyhow::bail!("no model to serve: give --model PATH or --config FILE");
+    }
+    models.apply(entries, true);
+    if let Some(config) = &options.config {
+        models.watch(config.clone(), Duration::from_millis(500));
+    }
+    let state = Arc::new(AppState {
+        models,
+        registry,
+        metrics,
+        api_key: options.api_key.clone(),
+        body_limit: options.body_limit,
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(options.addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", options.addr))?;
+        tracing::info!("listening on http://{}", listener.local_addr()?);
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+            .context("the server failed")
+    })
+}
