@@ -20,6 +20,48 @@
 //!
 //! The walker never trusts the tree more than the plugin: after a replay it reads the
 //! matcher's key again and continues from the key the plugin reports.
+//!
+//! Two sequences walking the same path: the first asks its matcher, the second is answered by
+//! the tree alone.
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use dspark_host::constraint::path_tree::{Mask, PathTree, StateSource, TreeWalker};
+//!
+//! /// `yes` or `no` over the tokens 0 `y`, 1 `es`, 2 `no`; the state is what was written.
+//! struct YesNo { written: Vec<u32>, calls: usize }
+//! impl StateSource for YesNo {
+//!     fn commit(&mut self, tokens: &[u32]) -> anyhow::Result<(Vec<u32>, bool)> {
+//!         self.calls += 1;
+//!         self.written.extend(tokens);
+//!         // After `y`, `es` is the only way on: the plugin forces it and advances over it.
+//!         if self.written == [0] {
+//!             self.written.push(1);
+//!             return Ok((vec![1], true));
+//!         }
+//!         Ok((Vec::new(), !self.written.is_empty()))
+//!     }
+//!     fn mask(&mut self) -> anyhow::Result<Option<Mask>> {
+//!         self.calls += 1;
+//!         Ok(Some(vec![0b101].into())) // `y` or `no` at the start
+//!     }
+//!     fn state_key(&mut self) -> anyhow::Result<u64> {
+//!         Ok(self.written.len() as u64)
+//!     }
+//! }
+//!
+//! let tree = Arc::new(Mutex::new(PathTree::new(1 << 20)));
+//! for (i, expected_calls) in [(0, 3), (1, 0)] {
+//!     let mut matcher = YesNo { written: Vec::new(), calls: 0 };
+//!     let mut walker = TreeWalker::new(tree.clone());
+//!     assert!(walker.start(&mut matcher)?.forced.is_empty());
+//!     assert_eq!(walker.mask(&mut matcher)?.as_deref(), Some(&[0b101u32][..]));
+//!     let edge = walker.commit(&mut matcher, 0)?; // `y`: `es` follows, and the output ends
+//!     assert_eq!((&*edge.forced, edge.stop), (&[1u32][..], true));
+//!     assert_eq!(matcher.calls, expected_calls, "sequence {i}");
+//! }
+//! # Ok::<(), anyhow::Error>(())
+//! ```
 
 use std::collections::HashMap;
 use std::hash::Hash;
