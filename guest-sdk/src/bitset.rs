@@ -1,7 +1,42 @@
 //! [`TokenSet`]: a fixed-size bitset over the vocabulary, in the contract's bit layout, and the
 //! choice of the smallest [`Mask`] form for it.
 
-use crate::api::Mask;
+/// The allowed tokens of one step, in the contract's four forms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mask {
+    /// Every token.
+    All,
+    /// Exactly these ids.
+    Allow(Vec<u32>),
+    /// The union of half-open ranges `[start, end)`.
+    Ranges(Vec<(u32, u32)>),
+    /// One bit per token, least significant bit first, `ceil(vocab / 32)` words.
+    Bitset(Vec<u32>),
+}
+
+impl Mask {
+    /// Whether `token` is allowed by this mask.
+    pub fn allows(&self, token: u32) -> bool {
+        match self {
+            Mask::All => true,
+            Mask::Allow(ids) => ids.contains(&token),
+            Mask::Ranges(r) => r.iter().any(|&(s, e)| s <= token && token < e),
+            Mask::Bitset(words) => words.get((token / 32) as usize).is_some_and(|w| w >> (token % 32) & 1 == 1),
+        }
+    }
+
+    /// Expands the mask into a [`TokenSet`] over `vocab_size` tokens.
+    pub fn to_set(&self, vocab_size: usize) -> TokenSet {
+        let mut set = TokenSet::new(vocab_size);
+        match self {
+            Mask::All => set.fill(),
+            Mask::Allow(ids) => ids.iter().for_each(|&t| set.insert(t)),
+            Mask::Ranges(r) => r.iter().for_each(|&(s, e)| (s..e).for_each(|t| set.insert(t))),
+            Mask::Bitset(words) => set.words_mut().copy_from_slice(words),
+        }
+        set
+    }
+}
 
 /// A set of token ids as a bitset: token `i` is bit `i % 32` of word `i / 32`.
 #[derive(Clone, Debug, PartialEq, Eq)]

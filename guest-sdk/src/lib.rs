@@ -20,7 +20,9 @@ mod api;
 mod bitset;
 #[cfg(feature = "automata")]
 pub mod dfa;
+mod error;
 pub mod key;
+mod matcher;
 mod recognizer;
 mod table;
 pub mod testing;
@@ -31,12 +33,11 @@ mod walk;
 #[doc(hidden)]
 pub mod wasm;
 
-pub use api::{
-    CommitResult, CompiledConstraint, ConstraintError, ErrorCode, Mask, Matcher, Plugin, Warning, check_kind,
-    error_chain, no_options,
-};
-pub use bitset::TokenSet;
-pub use recognizer::{MAX_FORCED_BYTES, MaskCache, Recognizer, RecognizerConstraint, RecognizerMatcher};
+pub use api::{CommitResult, CompiledConstraint, Matcher, Plugin};
+pub use bitset::{Mask, TokenSet};
+pub use error::{ConstraintError, ErrorCode, Warning, check_kind, error_chain, no_options};
+pub use matcher::{MAX_FORCED_BYTES, MaskCache, RecognizerConstraint, RecognizerMatcher};
+pub use recognizer::Recognizer;
 pub use table::{TokenTable, Tokenize, TokenizeFn};
 pub use trie::{BYTE_CLASSES, IdSteps, NON_ASCII_CLASSES, TokenTrie, UTF8_WHOLE, Utf8Step, byte_class, class_bytes};
 pub use walk::{ClassLoops, MAX_TABLE_STATES, StateTable, Steps, Transitions};

@@ -4,8 +4,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::api::{ConstraintError, ErrorCode};
 use crate::bitset::TokenSet;
+use crate::error::{ConstraintError, ErrorCode};
 use crate::trie::TokenTrie;
 
 /// A tokenisation function supplied by native tests.
@@ -14,9 +14,6 @@ pub type TokenizeFn = Arc<dyn Fn(&[u8]) -> Vec<u32> + Send + Sync>;
 /// How forced bytes are turned into tokens.
 #[derive(Clone)]
 pub enum Tokenize {
-    /// Ask the host (`dspark:constraint/host.tokenize`): the model's real tokenizer. Only
-    /// available inside the component; natively it falls back to [`Tokenize::Greedy`].
-    Host,
     /// Longest match through the token trie: always a valid tokenisation, not always the one a
     /// BPE tokenizer would produce. The native default.
     Greedy,
@@ -86,7 +83,7 @@ impl TokenTable {
             special,
             eos: eos_tokens.to_vec(),
             trie,
-            tokenize: Tokenize::Host,
+            tokenize: Tokenize::Greedy,
             by_chars: std::sync::OnceLock::new(),
             merge_verdicts: Default::default(),
         })
@@ -177,9 +174,7 @@ impl TokenTable {
     pub fn tokenize(&self, text: &[u8]) -> Vec<u32> {
         match &self.tokenize {
             Tokenize::Custom(f) => f(text),
-            #[cfg(target_arch = "wasm32")]
-            Tokenize::Host => crate::wasm::host_tokenize(text),
-            _ => self.tokenize_greedy(text),
+            Tokenize::Greedy => self.tokenize_greedy(text),
         }
     }
 

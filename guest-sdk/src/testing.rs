@@ -1,7 +1,8 @@
 //! Native test mode: drive a plugin's matchers from `cargo test`, without wasm, the way the
 //! host drives them.
 
-use crate::api::{Mask, Matcher};
+use crate::api::Matcher;
+use crate::bitset::Mask;
 use crate::table::TokenTable;
 
 /// What happened when a text was walked through a matcher token by token.

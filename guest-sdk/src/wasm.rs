@@ -5,7 +5,10 @@ use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
 use crate::api;
+use crate::bitset::Mask;
+use crate::error;
 use crate::table::TokenTable;
+use crate::table::Tokenize;
 
 #[doc(hidden)]
 pub mod bindings {
@@ -29,12 +32,12 @@ unsafe extern "Rust" {
 static TABLE: OnceLock<Arc<TokenTable>> = OnceLock::new();
 
 /// Calls the host's canonical tokenizer.
-pub(crate) fn host_tokenize(text: &[u8]) -> Vec<u32> {
+fn host_tokenize(text: &[u8]) -> Vec<u32> {
     bindings::dspark::constraint::host::tokenize(text)
 }
 
-fn to_wit_error(e: api::ConstraintError) -> wit::ConstraintError {
-    use api::ErrorCode as A;
+fn to_wit_error(e: error::ConstraintError) -> wit::ConstraintError {
+    use error::ErrorCode as A;
     use wit::ErrorCode as W;
     let code = match e.code {
         A::InvalidKind => W::InvalidKind,
@@ -49,14 +52,14 @@ fn to_wit_error(e: api::ConstraintError) -> wit::ConstraintError {
     wit::ConstraintError { code, message: e.message, location: e.location }
 }
 
-fn to_wit_mask(m: api::Mask) -> wit::Mask {
+fn to_wit_mask(m: Mask) -> wit::Mask {
     match m {
-        api::Mask::All => wit::Mask::All,
-        api::Mask::Allow(v) => wit::Mask::Allow(v),
-        api::Mask::Ranges(r) => {
+        Mask::All => wit::Mask::All,
+        Mask::Allow(v) => wit::Mask::Allow(v),
+        Mask::Ranges(r) => {
             wit::Mask::Ranges(r.into_iter().map(|(start, end)| wit::TokenRange { start, end }).collect())
         }
-        api::Mask::Bitset(w) => wit::Mask::Bitset(w),
+        Mask::Bitset(w) => wit::Mask::Bitset(w),
     }
 }
 
@@ -82,13 +85,15 @@ impl exports::Guest for Exports {
 
     fn init(table: wit::TokenTable) -> Result<(), wit::ConstraintError> {
         if TABLE.get().is_some() {
-            return Err(to_wit_error(api::ConstraintError::new(
-                api::ErrorCode::InvalidState,
+            return Err(to_wit_error(error::ConstraintError::new(
+                error::ErrorCode::InvalidState,
                 "init was already called on this instance",
             )));
         }
+        // Forced spans are tokenised by the model's own tokenizer, through the host.
         let t = TokenTable::new(table.token_bytes, table.token_offsets, &table.special_tokens, &table.eos_tokens)
-            .map_err(to_wit_error)?;
+            .map_err(to_wit_error)?
+            .with_tokenize(Tokenize::Custom(Arc::new(host_tokenize)));
         let _ = TABLE.set(Arc::new(t));
         Ok(())
     }
@@ -97,7 +102,7 @@ impl exports::Guest for Exports {
 impl exports::GuestCompiled for CompiledRes {
     fn compile(kind: String, source: String, options: String) -> Result<exports::Compiled, wit::ConstraintError> {
         let table = TABLE.get().ok_or_else(|| {
-            to_wit_error(api::ConstraintError::new(api::ErrorCode::InvalidState, "compile before init"))
+            to_wit_error(error::ConstraintError::new(error::ErrorCode::InvalidState, "compile before init"))
         })?;
         let compiled = __dspark_guest_plugin().compile(&kind, &source, &options, table).map_err(to_wit_error)?;
         Ok(exports::Compiled::new(CompiledRes(compiled)))

@@ -14,6 +14,18 @@ use super::deadline::{self, Stop};
 use super::runtime::{HostState, LoadedPlugin, MAX_LOCATION_BYTES, MAX_MESSAGE_BYTES, capped, wit_error};
 use crate::tokenizer::{CanonicalTokenizer, TokenTable};
 
+impl LoadedPlugin {
+    /// A new instance given `table` and the canonical tokenizer behind it.
+    pub fn instantiate(
+        self: &Arc<Self>,
+        table: Arc<TokenTable>,
+        tokenizer: Arc<dyn CanonicalTokenizer>,
+    ) -> Result<PluginInstance, PluginError> {
+        self.check_not_quarantined()?;
+        PluginInstance::new(self.clone(), table, tokenizer)
+    }
+}
+
 /// A validated mask: ids are below the vocabulary size, a bitset has the right length.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TokenMask {

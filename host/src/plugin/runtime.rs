@@ -16,10 +16,9 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings;
 use super::deadline::{CallDeadline, EpochClock, Verdict};
-use super::instance::PluginInstance;
 use super::manifest::Manifest;
 use super::{ErrorCode, PluginError};
-use crate::tokenizer::{CanonicalTokenizer, TokenTable};
+use crate::tokenizer::CanonicalTokenizer;
 
 /// Converts wasmtime's own error type into `anyhow` so boundary errors can carry context.
 trait IntoAnyhow<T> {
@@ -465,16 +464,6 @@ impl LoadedPlugin {
                 Err(PluginError::Quarantined { plugin: self.manifest.name.clone(), strikes: self.strikes() })
             }
         }
-    }
-
-    /// A new instance given `table` and the canonical tokenizer behind it.
-    pub fn instantiate(
-        self: &Arc<Self>,
-        table: Arc<TokenTable>,
-        tokenizer: Arc<dyn CanonicalTokenizer>,
-    ) -> Result<PluginInstance, PluginError> {
-        self.check_not_quarantined()?;
-        PluginInstance::new(self.clone(), table, tokenizer)
     }
 
     /// Instantiates a fresh Store from the cached `InstancePre` and drops it, without `init`:

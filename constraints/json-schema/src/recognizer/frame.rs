@@ -76,39 +76,113 @@ pub enum Frame {
     Value(NodeId),
     /// Inside an object.
     Obj {
+        /// The object's node.
         node: NodeId,
+        /// Where in the object (`OBJ_*`).
         phase: u8,
         /// Schema order: the index of the next declared property that may appear.
         next: u16,
         /// Any order: declared properties already written (first 64).
         seen: u64,
+        /// Members written.
         count: u32,
         /// The node of the value after the current key.
         pending: NodeId,
     },
     /// Inside a declared key (bytes of its JSON encoding, through the object's key trie).
-    Key { obj: NodeId, trie: u32, lo: u16, hi: u16, seen: u64 },
+    Key {
+        /// The object's node.
+        obj: NodeId,
+        /// The position in the object's key trie.
+        trie: u32,
+        /// The first declared property the key may still be (schema order).
+        lo: u16,
+        /// The last one.
+        hi: u16,
+        /// The object's properties already written.
+        seen: u64,
+    },
     /// Inside a key that is not declared (an additional property).
-    FreeKey { obj: NodeId, trie: Option<u32>, chars: Chars, dfa: [u32; 4] },
-    /// Inside an array; `used`: under an exact `uniqueItems` over literals, those already
-    /// written; `texts`: under one over open strings, integers or objects, the sorted hashes
-    /// (or integer keys) of the items written; `start`: under one over objects
-    /// ([`crate::graph::ArrayNode::unique_values`]), where the item being written begins in
-    /// the stack's capture ([`NO_ITEM`] between items).
-    Arr { node: NodeId, phase: u8, count: u32, used: u64, texts: Option<Arc<Vec<u64>>>, start: u32 },
-    /// Inside a string; `text`: for an item under an exact `uniqueItems` over open strings,
-    /// the hash of its decoded text so far (see [`extend_text`]).
-    Str { node: NodeId, len: u32, chars: Chars, dfa: [u32; 2], text: Option<NonZeroU64> },
-    /// Inside a number; `value` is tracked (as f64 bits) only when the node has bounds.
-    Num { node: NodeId, phase: u8, neg: bool, value: u64, frac: u16, exp: u16, exp_neg: bool },
-    /// Inside one of a literal set's strings; `unique`: an item of an array with an exact
-    /// `uniqueItems`, with the literals already written there (which it must not repeat).
-    Lit { set: u32, trie: u32, unique: Option<u64> },
-    /// Inside layout whitespace that must be written exactly (separators, indentation):
-    /// [`Layout::pads`]`[text]`, `pos` bytes of it written.
-    Pad { text: u16, pos: u16 },
-    /// Inside free whitespace between tokens, at state `s` of the whitespace automaton.
-    Ws { s: u32 },
+    FreeKey {
+        /// The object's node.
+        obj: NodeId,
+        /// The position in the key trie while the text still follows a declared name.
+        trie: Option<u32>,
+        /// Escape and UTF-8 progress.
+        chars: Chars,
+        /// The state of each `patternProperties` automaton.
+        dfa: [u32; 4],
+    },
+    /// Inside an array.
+    Arr {
+        /// The array's node.
+        node: NodeId,
+        /// Where in the array (`ARR_*`).
+        phase: u8,
+        /// Items written.
+        count: u32,
+        /// Under an exact `uniqueItems` over literals, those already written.
+        used: u64,
+        /// Under one over open strings, integers or objects, the sorted hashes (or integer
+        /// keys) of the items written.
+        texts: Option<Arc<Vec<u64>>>,
+        /// Under one over objects ([`crate::graph::ArrayNode::unique_values`]), where the item
+        /// being written begins in the stack's capture ([`NO_ITEM`] between items).
+        start: u32,
+    },
+    /// Inside a string.
+    Str {
+        /// The string's node.
+        node: NodeId,
+        /// Characters written, kept only under a length bound.
+        len: u32,
+        /// Escape and UTF-8 progress.
+        chars: Chars,
+        /// The state of each pattern automaton.
+        dfa: [u32; 2],
+        /// For an item under an exact `uniqueItems` over open strings, the hash of its decoded
+        /// text so far (see [`super::unique::extend_text`]).
+        text: Option<NonZeroU64>,
+    },
+    /// Inside a number; the value is tracked only when the node has bounds.
+    Num {
+        /// The number's node.
+        node: NodeId,
+        /// Where in the number grammar (`NUM_*`).
+        phase: u8,
+        /// A `-` was written.
+        neg: bool,
+        /// The magnitude so far, as f64 bits.
+        value: u64,
+        /// Fraction digits written.
+        frac: u16,
+        /// The exponent so far.
+        exp: u16,
+        /// The exponent is negative.
+        exp_neg: bool,
+    },
+    /// Inside one of a literal set's strings.
+    Lit {
+        /// The literal set.
+        set: u32,
+        /// The position in its trie.
+        trie: u32,
+        /// An item of an array with an exact `uniqueItems`: the literals already written there
+        /// (which it must not repeat).
+        unique: Option<u64>,
+    },
+    /// Inside layout whitespace that must be written exactly (separators, indentation).
+    Pad {
+        /// Which fixed text ([`super::layout::Layout`]'s pads).
+        text: u16,
+        /// Bytes of it written.
+        pos: u16,
+    },
+    /// Inside free whitespace between tokens.
+    Ws {
+        /// The state of the whitespace automaton.
+        s: u32,
+    },
 }
 
 /// Advances the escape/UTF-8 tracker of a string by one raw byte.
