@@ -165,3 +165,53 @@ fn maskbench_reports_the_maskbench_figures_as_json() {
     assert_eq!(r["invalid_accepted"], 0, "{r}");
     assert!(r["ff_share"].as_f64().is_some() && r["wall_s"].as_f64().is_some());
 }
+
+/// `dspark generate` with a constraint drives the host's constraint runtime with no server:
+/// the answer matches the constraint in DSpark and classic mode alike (SmolLM2, the default
+/// model; `tests/tests/constrained_generation.rs` checks that the two answers are the same
+/// with batch-invariant kernels).
+#[test]
+fn generate_takes_a_constraint_in_both_modes() {
+    need("plugins/json-schema/plugin.wasm", "scripts/build-plugins.sh");
+    let model = need("assets/SmolLM2-135M-Instruct.Q4_1.gguf", "scripts/fetch-assets.sh");
+    let state = tempfile::tempdir().unwrap();
+    let schema_file = state.path().join("person.json");
+    let schema = serde_json::json!({
+        "type": "object", "additionalProperties": false, "required": ["name", "age"],
+        "properties": {"name": {"type": "string", "maxLength": 20},
+                       "age": {"type": "integer", "minimum": 0, "maximum": 120}}
+    });
+    std::fs::write(&schema_file, schema.to_string()).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", model.to_str().unwrap(), "--max-tokens", "60"];
+        args.extend_from_slice(&["--chat", "Give the name and age of a person as JSON."]);
+        args.extend_from_slice(extra);
+        let o = dspark(&args, state.path());
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{}\n{err}", stdout(&o));
+        (stdout(&o).trim().to_string(), err)
+    };
+    let (dspark_answer, dspark_log) = run(&["--json-schema", schema_file.to_str().unwrap()]);
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let valid = |answer: &str| {
+        let value: serde_json::Value =
+            serde_json::from_str(answer).unwrap_or_else(|e| panic!("{answer:?} is not JSON: {e}"));
+        validator.is_valid(&value)
+    };
+    assert!(valid(&dspark_answer), "{dspark_answer}");
+    assert!(dspark_log.contains("finish: Some(Stop)"), "{dspark_log}");
+    assert!(dspark_log.contains("(dspark mode)"), "{dspark_log}");
+    let (classic_answer, classic_log) = run(&["--json-schema", schema_file.to_str().unwrap(), "--no-dspark"]);
+    assert!(valid(&classic_answer), "{classic_answer}");
+    assert!(classic_log.contains("(classic mode), 0 tokens forced"), "{classic_log}");
+
+    let (choice, _) = run(&["--choice", "yes", "--choice", "no"]);
+    assert!(choice == "yes" || choice == "no", "{choice:?}");
+    let o = dspark(
+        &["generate", "--model", model.to_str().unwrap(), "--prompt", "x", "--regex", "(unclosed"],
+        state.path(),
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("the regex constraint") && err.contains("invalid regex constraint"), "{err}");
+}
