@@ -25,10 +25,12 @@
 //!   trigger is offered only while what it requires can still follow it.
 //! - `propertyNames` is one pattern every key must match (its `pattern`, its `enum`/`const`,
 //!   or its length bounds), not combined with `patternProperties`.
-//! - Keywords that cannot be enforced by a left-to-right automaton yet (`not`,
-//!   `if`/`then`/`else`, dependent schemas other than `{required}` and `{not: {required}}`, `contains`,
-//!   `unevaluated*`, dynamic refs) are errors naming pointer and keyword: never silently
-//!   ignored. `uniqueItems` is enforced where the items come from an `enum` of at most 64
+//! - `not` is enforced for boolean schemas, `type` and `required` (and `anyOf`/`allOf` of
+//!   `required`); `if`/`then`/`else` becomes a union of its cases (the condition negated as
+//!   `oneOf`'s branches are). Forms that cannot be enforced by a left-to-right automaton yet
+//!   (other `not`s, dependent schemas other than `{required}` and `{not: {required}}`,
+//!   `contains`, `unevaluated*`, dynamic refs) are errors naming pointer and keyword: never
+//!   silently ignored. `uniqueItems` is enforced where the items come from an `enum` of at most 64
 //!   strings, booleans or null (the state remembers which were written) and where they are
 //!   strings that can always be extended (no `maxLength`; no pattern or format, or one whose
 //!   every live automaton state has infinitely many completions): the state remembers a
