@@ -190,7 +190,7 @@ impl TokenTrie {
     }
 
     /// [`Self::build`], plus an index that lets [`Self::walk_ids`] take a big subtree in a
-    /// few steps where the state after the node loops on lower-case letters (see [`Tails`]):
+    /// few steps where the state after the node loops on lower-case letters (see `Tails`):
     /// for the vocabularies the plugins serve, where mask walks inside identifiers and
     /// words visit most of the trie otherwise. Costs a few MiB for a 128k vocabulary.
     pub fn build_indexed<'a>(vocab: usize, bytes_of: impl Fn(usize) -> &'a [u8]) -> Self {
@@ -310,7 +310,7 @@ impl TokenTrie {
         Some(&self.tails[k].1)
     }
 
-    /// How many nodes have a [`Tails`] index, and how many nodes and token entries the
+    /// How many nodes have a `Tails` index, and how many nodes and token entries the
     /// indexes hold (for tests and size reports).
     pub fn tails_size(&self) -> (usize, usize, usize) {
         let nodes = self.tails.iter().map(|(_, t)| t.rest.nodes.len()).sum();

@@ -1,5 +1,5 @@
 //! One row's attention over an f16 or a bf16 cache, as the engine runs it for those caches
-//! ([`f16::attend`](online_attention::attend), [`bf16::attend`](bf16_attention::attend): scores, online softmax and
+//! ([`f16::attend`](f16_attention::attend), [`bf16::attend`](bf16_attention::attend): scores, online softmax and
 //! weighted sum in one pass): `cargo bench -p dspark-host --bench attention`. One thread, one
 //! head group sharing a kv head (1 query head: the work item of a row decoded alone, whose
 //! heads go one per item; 3: SmolLM2's group; 7: Qwen2.5's), head size 64, blocks of
@@ -17,7 +17,7 @@ mod common;
 
 use common::{median_secs, values};
 use dspark_host::engine::backend::cpu::attention::key_lanes::KeyLanes;
-use dspark_host::engine::backend::cpu::attention::{bf16 as bf16_attention, f16 as online_attention};
+use dspark_host::engine::backend::cpu::attention::{bf16 as bf16_attention, f16 as f16_attention};
 use half::f16;
 
 fn main() {
@@ -78,7 +78,7 @@ fn main() {
                                         q, HEAD_DIM, &keys_bf16, &vals_bf16, &starts, BLOCK, seen, 0.125, out, ahead,
                                     );
                                 } else {
-                                    online_attention::attend(
+                                    f16_attention::attend(
                                         lanes, q, HEAD_DIM, &keys, &vals, &starts, BLOCK, seen, 0.125, out, ahead,
                                     );
                                 }

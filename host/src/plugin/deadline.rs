@@ -1,4 +1,4 @@
-//! [`CallDeadline`]: a plugin call's time limit, counted in the CPU time the call used rather
+//! `CallDeadline`: a plugin call's time limit, counted in the CPU time the call used rather
 //! than the time that passed.
 //!
 //! Why not the wall clock: the epoch ticker measures wall time, and on a loaded machine (a

@@ -127,7 +127,7 @@ pub enum Frame {
         /// keys) of the items written.
         texts: Option<Arc<Vec<u64>>>,
         /// Under one over objects ([`crate::graph::ArrayNode::unique_values`]), where the item
-        /// being written begins in the stack's capture ([`NO_ITEM`] between items).
+        /// being written begins in the stack's capture (`NO_ITEM` between items).
         start: u32,
     },
     /// Inside a string.
@@ -141,7 +141,7 @@ pub enum Frame {
         /// The state of each pattern automaton.
         dfa: [u32; 2],
         /// For an item under an exact `uniqueItems` over open strings, the hash of its decoded
-        /// text so far (see [`super::unique::extend_text`]).
+        /// text so far (see `unique::extend_text`).
         text: Option<NonZeroU64>,
     },
     /// Inside a number; the value is tracked only when the node has bounds.

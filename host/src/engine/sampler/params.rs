@@ -31,7 +31,7 @@ pub struct SamplingParams {
     /// vLLM's `allowed_token_ids`: the only tokens sampling may choose (`None`: all).
     pub allowed_tokens: Option<AllowedTokens>,
     /// vLLM's `bad_words`, as token sequences: the last token of each is not sampled where
-    /// the output ends with the others ([`bad_word_bans`]).
+    /// the output ends with the others ([`super::bad_word_bans`]).
     pub bad_words: Vec<Vec<u32>>,
 }
 

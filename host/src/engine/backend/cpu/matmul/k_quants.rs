@@ -7,7 +7,7 @@
 //! a call made from the engine's threads waits for candle's worker to wake (on
 //! Qwen2.5-0.5B the down projections, about a fifth of a serving step, of which the wait
 //! was 8% of the samples). These kernels compute the same numbers on the backend's own threads:
-//! - activations are quantised as candle's `BlockQ8K::from_float` does ([`Q8KRows`]);
+//! - activations are quantised as candle's `BlockQ8K::from_float` does (`Q8KRows`);
 //! - the integer sums of 4 weights times 4 activations are exact, so their order is free;
 //! - the float steps are candle's, lane by lane, in candle's order: per superblock and
 //!   sub-block, `acc = fma(float(isum), scale * d, acc)`, then for Q4_K

@@ -144,7 +144,7 @@ pub(super) fn quantize_row(isa: Isa, x: &[f32], words: &mut [i32], amax: &mut [f
 /// Quantises `x` (whole blocks of 32 values) as Q8_0 and Q8_1 round their blocks, to one
 /// signed byte per value (as little-endian 4-byte words, 8 per block) and one f32 scale per
 /// block: `d = amax / 127`, `q = round(x / d)` half away from zero. What the 8-bit KV cache
-/// stores ([`super::attention::int8`]); `sums` is scratch of one per block.
+/// stores ([`super::super::attention::int8`]); `sums` is scratch of one per block.
 pub fn quantize_q8(x: &[f32], words: &mut [i32], scales: &mut [f32], sums: &mut [i32]) {
     match Isa::detect() {
         Some(isa) => quantize_row(isa, x, words, scales, sums),

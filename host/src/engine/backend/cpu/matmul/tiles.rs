@@ -65,11 +65,11 @@ impl Isa {
     }
 }
 
-/// Output columns per block of [`Packed::matmul_selected`]: column group `g` is columns
+/// Output columns per block of [`super::Packed::matmul_selected`]: column group `g` is columns
 /// `16 g..16 g + 16`.
 pub const GROUP_COLUMNS: usize = LANES;
 
-/// Which (row, column group) blocks of a product to compute; see [`Packed::matmul_selected`].
+/// Which (row, column group) blocks of a product to compute; see [`super::Packed::matmul_selected`].
 pub type Selection<'a> = &'a (dyn Fn(usize, usize) -> bool + Sync);
 
 /// Rows whose activations a pass of [`for_each_tile`] keeps beside one group's weights: 32
