@@ -1,6 +1,14 @@
 //! JSON Schema to [`Graph`]: normalisation (inline `$ref`, merge `allOf`, push sibling keywords
 //! into `anyOf`/`oneOf` branches) and node building.
 //!
+//! The phases, one file each, in the order a schema meets them: [`Compiler::compile`] starts at
+//! the root; `refs` resolves references and compiles their targets from a worklist;
+//! `normalise` checks the keywords, merges `allOf` and rewrites conditionals and `not`;
+//! `one_of` makes `oneOf` exclusive; `build` makes one node per schema, with `numbers` for
+//! numeric bounds and `automata` for patterns and formats; after the whole graph is built,
+//! `unique` decides `uniqueItems` and `passes` prunes what can never finish and flattens
+//! unions.
+//!
 //! Decisions, where JSON Schema leaves room:
 //! - `$ref` resolves within the document: `#` JSON pointers, `#name` anchors (`$anchor`, and
 //!   draft-6/7 `$id: "#name"`), and `$defs`/`definitions` by pointer. A remote reference is an

@@ -5,6 +5,12 @@
 //! end-of-document frame at the bottom. Frames hold only what decides the future: a string's
 //! length only when a length bound applies, a number's value only when a bound applies, so
 //! that equal futures get equal state keys and the host's path tree stays small.
+//!
+//! Files: `frame` and `state` (the stack's frames and the set of configurations), `step` (one
+//! byte through one configuration, dispatched by the top frame to `object`, `array`, `string`
+//! or `number`, literals and value starts handled there), `unique` (the `uniqueItems`
+//! bookkeeping), `layout` (whitespace, separators, indentation), `classes` (content-token
+//! classes for masks) and `contract` (the SDK's [`dspark_guest::Recognizer`] over all of it).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
