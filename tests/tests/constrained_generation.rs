@@ -114,4 +114,27 @@ fn build_errors_name_what_is_wrong() {
     assert_eq!(e.to_string(), "no plugin named `nope` is installed");
     let e = error(ConstraintRequest { plugin: Some("regex".into()), ..ConstraintRequest::new("choice", "[\"a\"]") });
     assert_eq!(e.to_string(), "plugin `regex` does not serve kind `choice`");
+
+    // A plugin that is installed but failed to load is named with the check that failed, by
+    // name and by kind.
+    let broken = dspark_tests::install(&builtin_plugin("choice"), fixture.plugins.path());
+    let manifest = std::fs::read_to_string(broken.join("plugin.toml")).unwrap();
+    let sha = manifest.lines().find_map(|l| l.strip_prefix("sha256 = ")).unwrap().trim_matches('"').to_string();
+    std::fs::write(broken.join("plugin.toml"), manifest.replace(&sha, &"0".repeat(64))).unwrap();
+    assert_eq!(fixture.registry.scan().failed.len(), 1);
+    let why = format!("plugin.wasm has sha256 {sha}, the manifest says {}", "0".repeat(64));
+    let e = error(ConstraintRequest { plugin: Some("choice".into()), ..ConstraintRequest::new("choice", "[\"a\"]") });
+    assert!(matches!(e, BuildError::PluginFailed { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "plugin `choice` is installed but failed to load: plugin `choice`: {why}; fix or replace it in the plugin \
+             directory"
+        )
+    );
+    let e = error(ConstraintRequest::new("choice", "[\"a\"]"));
+    assert_eq!(
+        e.to_string(),
+        format!("no ready plugin serves `choice` constraints: plugin `choice` failed to load: plugin `choice`: {why}")
+    );
 }

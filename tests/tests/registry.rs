@@ -1,6 +1,7 @@
 //! The registry directory: add, replace and remove without a restart; bad plugins are
 //! reported and never fatal; the component cache lives only in the state directory.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dspark_host::plugin::registry::{EntryState, Registry};
@@ -100,6 +101,36 @@ fn bad_plugins_are_reported_and_the_rest_load() {
     let statuses: Vec<String> =
         f.registry.list().into_iter().map(|p| format!("{} {}", p.name, p.status.split(':').next().unwrap())).collect();
     assert_eq!(statuses, vec!["choice failed", "future failed", "garbage failed", "regex ready", "testkit failed"]);
+}
+
+#[test]
+fn a_bad_update_keeps_the_last_good_version_serving() {
+    let f = Fixture::new(&[builtin_plugin("regex")], |_| {});
+    let dir = f.plugins.path().join("regex");
+    let good = std::fs::read_to_string(dir.join("plugin.toml")).unwrap();
+    let serving = f.registry.get("regex").unwrap();
+
+    // An update whose manifest no longer matches its component is refused ...
+    set_manifest_field(&dir, "sha256", &format!("\"{}\"", "0".repeat(64)));
+    let r = f.registry.scan();
+    assert_eq!(r.kept_previous, vec!["regex"]);
+    assert_eq!(r.failed.len(), 1);
+    // ... and the version that worked keeps serving, saying the update was refused and why.
+    assert!(Arc::ptr_eq(&f.registry.find_kind("regex").unwrap(), &serving));
+    let summary = &f.registry.list()[0];
+    assert_eq!(summary.status, "ready");
+    let why = summary.update_error.as_deref().expect("the refused update is reported");
+    assert!(why.contains("plugin.wasm has sha256") && why.contains("the manifest says 0000"), "{why}");
+    // The same files are not retried every scan.
+    assert_eq!(f.registry.scan(), Default::default());
+
+    // A good update replaces it and clears the report.
+    std::fs::write(dir.join("plugin.toml"), good.replace("version = \"0.1.0\"", "version = \"0.1.1\"")).unwrap();
+    let r = f.registry.scan();
+    assert_eq!(r.replaced, vec!["regex"]);
+    assert!(r.failed.is_empty());
+    assert_eq!(f.registry.get("regex").unwrap().manifest.version, "0.1.1");
+    assert_eq!(f.registry.list()[0].update_error, None);
 }
 
 #[test]

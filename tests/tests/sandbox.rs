@@ -176,7 +176,12 @@ fn memory_bomb_is_stopped_by_the_store_limit() {
     let f = fixture(100);
     let tok = ByteTokenizer::new(&[]);
     let msg = mask_trap(&f, &tok, "membomb");
-    assert!(msg.contains("memory"), "{msg}");
+    // The message says which limit, and which manifest key raises it.
+    assert!(msg.contains("exceeded its memory limit of 32 MiB (it asked for"), "{msg}");
+    assert!(
+        msg.contains("raise `memory_mib` under `[limits]` in its plugin.toml (this host allows up to 2048 MiB)"),
+        "{msg}"
+    );
     regex_still_serves(&f, &tok);
 }
 

@@ -55,7 +55,7 @@ pub use sequence::PluginConstraint;
 use crate::engine::ModelTokenizer;
 #[cfg(doc)]
 use crate::engine::SequenceConstraint;
-use crate::plugin::registry::Registry;
+use crate::plugin::registry::{EntryState, Registry};
 use crate::plugin::{LoadedPlugin, PluginError};
 use pool::{PluginPool, Pools};
 
@@ -113,11 +113,22 @@ pub enum BuildError {
         /// The kind asked for.
         kind: String,
     },
-    /// No installed plugin serves the kind.
-    #[error("no installed plugin serves `{kind}` constraints")]
+    /// The request named a plugin that is installed but did not load.
+    #[error("plugin `{name}` is installed but failed to load: {reason}; fix or replace it in the plugin directory")]
+    PluginFailed {
+        /// The name asked for.
+        name: String,
+        /// Which check failed (sha256, kinds, the component, the manifest).
+        reason: String,
+    },
+    /// No ready plugin serves the kind.
+    #[error("{}", no_plugin_for_kind(kind, unavailable))]
     NoPluginForKind {
         /// The kind asked for.
         kind: String,
+        /// Why each installed plugin that declares the kind cannot serve it (quarantined,
+        /// failed to load); empty when none declares it.
+        unavailable: Vec<String>,
     },
     /// The plugin refused the source or options: the request's fault.
     #[error("invalid {kind} constraint{}: {message}", location.as_deref().map(|l| format!(" at {l}")).unwrap_or_default())]
@@ -135,6 +146,14 @@ pub enum BuildError {
     /// The plugin or the host failed (a trap, an invalid answer, a setup failure).
     #[error(transparent)]
     Plugin(PluginError),
+}
+
+fn no_plugin_for_kind(kind: &str, unavailable: &[String]) -> String {
+    if unavailable.is_empty() {
+        format!("no installed plugin serves `{kind}` constraints")
+    } else {
+        format!("no ready plugin serves `{kind}` constraints: {}", unavailable.join("; "))
+    }
 }
 
 impl BuildError {
@@ -218,15 +237,22 @@ impl ConstraintRuntime {
     fn plugin(&self, registry: &Registry, request: &ConstraintRequest) -> Result<Arc<LoadedPlugin>, BuildError> {
         match &request.plugin {
             Some(name) => {
-                let plugin = registry.get(name).ok_or_else(|| BuildError::NoSuchPlugin { name: name.clone() })?;
+                let plugin = match registry.state(name) {
+                    Some(EntryState::Loaded(plugin)) => plugin,
+                    Some(EntryState::Failed(reason)) => {
+                        return Err(BuildError::PluginFailed { name: name.clone(), reason });
+                    }
+                    None => return Err(BuildError::NoSuchPlugin { name: name.clone() }),
+                };
                 if !plugin.serves(&request.kind) {
                     return Err(BuildError::KindNotServed { plugin: name.clone(), kind: request.kind.clone() });
                 }
                 Ok(plugin)
             }
-            None => registry
-                .find_kind(&request.kind)
-                .ok_or_else(|| BuildError::NoPluginForKind { kind: request.kind.clone() }),
+            None => registry.find_kind(&request.kind).ok_or_else(|| BuildError::NoPluginForKind {
+                kind: request.kind.clone(),
+                unavailable: registry.unavailable_for_kind(&request.kind),
+            }),
         }
     }
 

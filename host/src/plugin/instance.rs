@@ -129,7 +129,7 @@ impl PluginInstance {
         let mut store = plugin.runtime.new_store(plugin, tokenizer.clone());
         let bindings = plugin.pre.instantiate(&mut store).map_err(|e| {
             plugin.strike();
-            setup(format!("cannot instantiate: {e:#}"))
+            setup(format!("cannot instantiate: {}", describe_trap(&e, &store)))
         })?;
         let ticks = store.data_mut().deadline.arm(plugin.compile_deadline);
         store.set_epoch_deadline(ticks);
@@ -148,6 +148,12 @@ impl PluginInstance {
     /// The plugin this instance runs.
     pub fn plugin(&self) -> &Arc<LoadedPlugin> {
         &self.plugin
+    }
+
+    /// The most linear memory this instance has held, bytes (compare with
+    /// [`LoadedPlugin::memory_limit`]).
+    pub fn memory_peak(&self) -> u64 {
+        self.store.data().limits.peak
     }
 
     /// The vocabulary size of the instance's table.
@@ -394,15 +400,24 @@ fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>) -> String {
         Some(wasmtime::Trap::StackOverflow) => format!("overflowed its stack{stderr}"),
         Some(wasmtime::Trap::UnreachableCodeReached) if !stderr.is_empty() => format!("panicked{stderr}"),
         Some(trap) => format!("trapped: {trap}{stderr}"),
-        None => {
-            let text = format!("{err:#}");
-            if text.contains("growing memory") || text.contains("memory") {
-                format!("exceeded its memory limit{stderr}: {text}")
-            } else {
-                format!("{text}{stderr}")
-            }
-        }
+        None => match store.data().limits.refused {
+            Some(asked) => memory_message(&store.data().limits, asked, &stderr),
+            None => format!("{err:#}{stderr}"),
+        },
     }
+}
+
+/// A memory trap in words that say what to change: the limit, what was asked, and the manifest
+/// key to raise (up to the host's maximum).
+fn memory_message(limits: &super::runtime::MemoryLimiter, asked: u64, stderr: &str) -> String {
+    let mib = |b: u64| b.div_ceil(1 << 20);
+    format!(
+        "exceeded its memory limit of {} MiB (it asked for {} MiB){stderr}; raise `memory_mib` under \
+         `[limits]` in its plugin.toml (this host allows up to {} MiB)",
+        mib(limits.limit),
+        mib(asked),
+        mib(limits.host_max)
+    )
 }
 
 /// The most warnings of one compile the host keeps.

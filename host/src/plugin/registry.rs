@@ -3,7 +3,10 @@
 //! [`Registry::scan`] brings the in-memory view up to date with the directory: new folders are
 //! loaded, folders whose files changed (size or modification time) are reloaded and replace
 //! the old plugin (requests holding the old one finish with it), removed folders are dropped.
-//! A folder that fails to load is listed with its error and never stops the others.
+//! A folder that fails to load is listed with its error and never stops the others. An update
+//! that fails to load (a stale sha256, kinds that differ from the manifest, a half-copied
+//! file) does not take a working plugin away: the previous version keeps serving, and the list
+//! says the update was refused and why, until the folder changes again.
 //! [`Registry::watch`] rescans on a background thread, so plugins can be added, replaced and
 //! removed without a restart. Polling (default every second) is used rather than inotify:
 //! it works on every filesystem, including network and container mounts, and a scan that
@@ -30,6 +33,8 @@ pub enum EntryState {
 struct Entry {
     state: EntryState,
     fingerprint: Fingerprint,
+    /// Why the folder's current files did not load, while an older version keeps serving.
+    update_error: Option<String>,
 }
 
 /// Sizes and modification times of the two files: a change means reload.
@@ -48,6 +53,10 @@ pub struct PluginSummary {
     pub status: String,
     /// Strikes counted against it in this process.
     pub strikes: u32,
+    /// Why the folder's current files were refused while the previous version keeps serving
+    /// (absent when the files on disk are the ones serving).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_error: Option<String>,
 }
 
 /// What a scan changed.
@@ -61,6 +70,8 @@ pub struct ScanReport {
     pub removed: Vec<String>,
     /// Folders that failed to load, with the reason.
     pub failed: Vec<(String, String)>,
+    /// Of the failed folders, those whose previous version keeps serving.
+    pub kept_previous: Vec<String>,
 }
 
 /// The plugins of one directory.
@@ -121,11 +132,18 @@ impl Registry {
             match current.get(name) {
                 Some(old) if old == fp => continue,
                 old => {
-                    let state = match self.runtime.load(path) {
-                        Ok(p) => EntryState::Loaded(p),
+                    let (state, update_error) = match self.runtime.load(path) {
+                        Ok(p) => (EntryState::Loaded(p), None),
                         Err(e) => {
-                            report.failed.push((name.clone(), format!("{e:#}")));
-                            EntryState::Failed(format!("{e:#}"))
+                            let why = format!("{e:#}");
+                            report.failed.push((name.clone(), why.clone()));
+                            match self.state(name) {
+                                Some(previous @ EntryState::Loaded(_)) => {
+                                    report.kept_previous.push(name.clone());
+                                    (previous, Some(why))
+                                }
+                                _ => (EntryState::Failed(why), None),
+                            }
                         }
                     };
                     if old.is_some() {
@@ -133,7 +151,7 @@ impl Registry {
                     } else {
                         report.added.push(name.clone())
                     }
-                    updates.push((name.clone(), Entry { state, fingerprint: *fp }));
+                    updates.push((name.clone(), Entry { state, fingerprint: *fp, update_error }));
                 }
             }
         }
@@ -167,6 +185,30 @@ impl Registry {
         })
     }
 
+    /// Why no ready plugin serves `kind`, one sentence per installed plugin that declares it
+    /// but cannot serve (quarantined, or failed to load); empty when none declares it.
+    pub fn unavailable_for_kind(&self, kind: &str) -> Vec<String> {
+        let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        let mut why = Vec::new();
+        for (name, e) in entries.iter() {
+            match &e.state {
+                EntryState::Loaded(p) if p.serves(kind) => {
+                    if let Err(e) = p.check_not_quarantined() {
+                        why.push(e.to_string());
+                    }
+                }
+                EntryState::Failed(reason) => {
+                    let manifest = Manifest::load(&self.dir.join(name).join("plugin.toml")).ok();
+                    if manifest.is_some_and(|m| m.kinds.iter().any(|k| k == kind)) {
+                        why.push(format!("plugin `{name}` failed to load: {reason}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        why
+    }
+
     /// The state of the folder `name`.
     pub fn state(&self, name: &str) -> Option<EntryState> {
         let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
@@ -185,6 +227,7 @@ impl Registry {
                     kinds: p.manifest.kinds.clone(),
                     status: p.status().as_str().to_string(),
                     strikes: p.strikes(),
+                    update_error: e.update_error.clone(),
                 },
                 EntryState::Failed(why) => {
                     let manifest = Manifest::load(&self.dir.join(name).join("plugin.toml")).ok();
@@ -194,6 +237,7 @@ impl Registry {
                         kinds: manifest.map_or(Vec::new(), |m| m.kinds),
                         status: format!("failed: {why}"),
                         strikes: 0,
+                        update_error: None,
                     }
                 }
             })

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Config, Engine, OptLevel, StoreLimits};
+use wasmtime::{Config, Engine, OptLevel, ResourceLimiter, StoreLimits};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings;
@@ -91,11 +91,79 @@ impl RuntimeConfig {
     }
 }
 
+/// The resource limits of one Store, which also records the most linear memory the guest
+/// held and the growth it was refused, so that a memory trap can name the manifest key to
+/// raise and `plugins validate` can report use against the limit.
+pub(crate) struct MemoryLimiter {
+    inner: StoreLimits,
+    /// The plugin's memory limit, bytes.
+    pub(crate) limit: u64,
+    /// The most a manifest may ask for on this host, bytes.
+    pub(crate) host_max: u64,
+    /// The largest linear memory size granted so far, bytes.
+    pub(crate) peak: u64,
+    /// The size a refused growth asked for, bytes.
+    pub(crate) refused: Option<u64>,
+}
+
+impl MemoryLimiter {
+    fn new(limit: u64, host_max: u64) -> Self {
+        let inner = wasmtime::StoreLimitsBuilder::new()
+            .memory_size(usize::try_from(limit).unwrap_or(usize::MAX))
+            .instances(16)
+            .tables(16)
+            .memories(4)
+            .table_elements(1 << 20)
+            .trap_on_grow_failure(true)
+            .build();
+        Self { inner, limit, host_max, peak: 0, refused: None }
+    }
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        match self.inner.memory_growing(current, desired, maximum) {
+            Ok(true) => {
+                self.peak = self.peak.max(desired as u64);
+                Ok(true)
+            }
+            refused => {
+                self.refused = Some(desired as u64);
+                refused
+            }
+        }
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.inner.memory_grow_failed(error)
+    }
+
+    fn table_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        self.inner.table_growing(current, desired, maximum)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.inner.table_grow_failed(error)
+    }
+
+    fn instances(&self) -> usize {
+        self.inner.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.inner.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.inner.memories()
+    }
+}
+
 /// The per-Store state the host keeps for one instance.
 pub(crate) struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
-    pub(crate) limits: StoreLimits,
+    pub(crate) limits: MemoryLimiter,
     tokenizer: Arc<dyn CanonicalTokenizer>,
     pub(crate) stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
     /// The time limit of the call the Store is running.
@@ -250,14 +318,7 @@ impl PluginRuntime {
         if !plugin.manifest.capabilities.clock {
             wasi.wall_clock(FrozenClock).monotonic_clock(FrozenClock);
         }
-        let limits = wasmtime::StoreLimitsBuilder::new()
-            .memory_size(plugin.memory_bytes as usize)
-            .instances(16)
-            .tables(16)
-            .memories(4)
-            .table_elements(1 << 20)
-            .trap_on_grow_failure(true)
-            .build();
+        let limits = MemoryLimiter::new(plugin.memory_bytes, self.config.max_memory_bytes);
         let deadline = CallDeadline::new(self.config.tick, self.clock.clone());
         let state = HostState { wasi: wasi.build(), table: ResourceTable::new(), limits, tokenizer, stderr, deadline };
         let mut store = wasmtime::Store::new(&self.engine, state);
@@ -436,6 +497,11 @@ impl LoadedPlugin {
     /// Strikes counted so far.
     pub fn strikes(&self) -> u32 {
         self.strikes.load(Ordering::Relaxed)
+    }
+
+    /// The linear memory one instance may hold, bytes (the manifest's `memory_mib`, clamped).
+    pub fn memory_limit(&self) -> u64 {
+        self.memory_bytes
     }
 
     /// The deadline of one matcher call.

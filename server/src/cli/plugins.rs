@@ -40,7 +40,7 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
                     .map(|p| {
                         serde_json::json!({
                             "name": p.name, "version": p.version, "kinds": p.kinds,
-                            "status": p.status, "strikes": p.strikes,
+                            "status": p.status, "strikes": p.strikes, "update_error": p.update_error,
                         })
                     })
                     .collect();
@@ -51,6 +51,9 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
                 println!("{:<16} {:<10} {:<32} STATUS", "NAME", "VERSION", "KINDS");
                 for p in &list {
                     println!("{:<16} {:<10} {:<32} {}", p.name, p.version, p.kinds.join(","), p.status);
+                    if let Some(why) = &p.update_error {
+                        println!("{:<16} the files on disk were refused, this version keeps serving: {why}", "");
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)

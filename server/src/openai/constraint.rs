@@ -244,17 +244,23 @@ fn from_response_format(format: &Value) -> Result<Option<ConstraintSpec>, ApiErr
 }
 
 /// The OpenAI error for a constraint the runtime could not build from `spec`: a 400 naming
-/// the field for the request's faults, a 503 for a quarantined plugin, a 500 otherwise.
+/// the field for the request's faults, a 503 for a plugin that cannot serve (quarantined, or
+/// failed to load), a 500 otherwise.
 pub fn api_error(spec: &ConstraintSpec, e: BuildError) -> ApiError {
     match &e {
         BuildError::NoSuchPlugin { .. } => {
             ApiError::invalid("response_format.plugin", format!("{e} (GET /v1/plugins lists them)"))
         }
         BuildError::KindNotServed { .. } => ApiError::invalid("response_format.kind", e.to_string()),
+        // Plugins that declare the kind exist but cannot serve: the server's fault, not the
+        // request's.
+        BuildError::NoPluginForKind { unavailable, .. } if !unavailable.is_empty() => {
+            ApiError::unavailable(e.to_string())
+        }
         BuildError::NoPluginForKind { .. } | BuildError::Invalid { .. } => {
             ApiError::invalid(spec.field.clone(), e.to_string())
         }
-        BuildError::Unavailable(_) => ApiError::unavailable(e.to_string()),
+        BuildError::Unavailable(_) | BuildError::PluginFailed { .. } => ApiError::unavailable(e.to_string()),
         BuildError::Plugin(_) => ApiError::internal(e.to_string()),
     }
 }

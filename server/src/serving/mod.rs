@@ -59,6 +59,9 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
     }
     let _registry_watch = registry.watch(Duration::from_secs(1), |report| {
         tracing::info!(added = ?report.added, replaced = ?report.replaced, removed = ?report.removed, failed = ?report.failed, "plugin registry changed");
+        for name in &report.kept_previous {
+            tracing::warn!(plugin = %name, "the update was refused; the previous version keeps serving (GET /v1/plugins says why)");
+        }
     })?;
     let metrics = Arc::new(Metrics::default());
     let models = Models::new(metrics.clone());
