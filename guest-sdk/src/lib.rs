@@ -11,6 +11,9 @@
 //! 3. unit-tests the logic natively with `cargo test`, using [`TokenTable::from_tokens`] or
 //!    [`TokenTable::byte_level_for_tests`] and the helpers in [`testing`].
 //!
+//! With the `options` feature, [`options::parse`] deserialises a request's options into the
+//! author's own struct, with errors that name the field.
+//!
 //! With the `automata` feature, [`dfa`] builds the anchored pattern automata every plugin that
 //! matches regular expressions uses, with one size cap.
 //!
@@ -23,6 +26,8 @@ pub mod dfa;
 mod error;
 pub mod key;
 mod matcher;
+#[cfg(feature = "options")]
+pub mod options;
 mod recognizer;
 mod table;
 pub mod testing;

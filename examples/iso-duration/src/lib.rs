@@ -73,7 +73,9 @@ impl Recognizer for IsoDuration {
                 (s.digits < self.max_digits).then(|| State { digits: s.digits + 1, ..n })
             }
             b'0'..=b'9' => (s.digits < self.max_digits).then(|| State { digits: s.digits + 1, ..n }),
-            b'.' => (s.time && s.digits > 0 && s.frac == 0 && s.next_unit <= 2).then_some(State { frac: 1, ..n }),
+            // A fraction needs room for at least one more digit.
+            b'.' => (s.time && s.digits > 0 && s.digits < self.max_digits && s.frac == 0 && s.next_unit <= 2)
+                .then_some(State { frac: 1, ..n }),
             b'T' => (!s.time && s.digits == 0).then_some(State { time: true, next_unit: 0, any: false, ..n }),
             b'W' => (!s.time && !s.any && s.digits > 0).then_some(State { week: true, digits: 0, any: true, ..n }),
             unit => {
@@ -104,20 +106,30 @@ impl Recognizer for IsoDuration {
 #[derive(Default)]
 pub struct IsoDurationPlugin;
 
-/// Reads `{"max_digits": N}` without a JSON dependency (the only option there is).
-fn max_digits(options: &str) -> Result<u8, ConstraintError> {
-    let compact: String = options.chars().filter(|c| !c.is_whitespace()).collect();
-    if compact.is_empty() || compact == "{}" {
-        return Ok(9);
+/// The plugin's options, typed: `{"max_digits": N}`, N from 1 to 9 (9 when absent).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    #[serde(default = "Options::default_max_digits")]
+    max_digits: u8,
+}
+
+impl Options {
+    fn default_max_digits() -> u8 {
+        9
     }
-    let bad = || {
-        ConstraintError::new(
-            ErrorCode::InvalidOptions,
-            format!("options must be {{\"max_digits\": 1..9}}; got {options}"),
-        )
-    };
-    let n = compact.strip_prefix("{\"max_digits\":").and_then(|r| r.strip_suffix('}')).ok_or_else(bad)?;
-    n.parse::<u8>().ok().filter(|n| (1..=9).contains(n)).ok_or_else(bad)
+
+    fn parse(options: &str) -> Result<Self, ConstraintError> {
+        let options: Options = dspark_guest::options::parse(options)?;
+        if !(1..=9).contains(&options.max_digits) {
+            return Err(ConstraintError::new(
+                ErrorCode::InvalidOptions,
+                format!("options.max_digits must be from 1 to 9; got {}", options.max_digits),
+            )
+            .at("max_digits"));
+        }
+        Ok(options)
+    }
 }
 
 impl Plugin for IsoDurationPlugin {
@@ -139,7 +151,7 @@ impl Plugin for IsoDurationPlugin {
                 "iso8601-duration takes no source; leave it empty",
             ));
         }
-        let rec = IsoDuration { max_digits: max_digits(options)? };
+        let rec = IsoDuration { max_digits: Options::parse(options)?.max_digits };
         Ok(RecognizerConstraint::new(rec, table, Vec::new()))
     }
 }
@@ -171,6 +183,15 @@ mod tests {
     }
 
     #[test]
+    fn no_prefix_is_a_dead_end() {
+        // Every state within 12 bytes, for the tightest and the default digit bounds: the
+        // search that would have caught `P100M120D120`.
+        for max_digits in [1, 9] {
+            dspark_guest::testing::assert_no_dead_ends(&IsoDuration { max_digits }, 12);
+        }
+    }
+
+    #[test]
     fn no_number_starts_after_a_parts_last_unit() {
         let (_, c) = compile("{}");
         for prefix in ["P1D", "PT1S", "P1YT2S"] {
@@ -191,6 +212,12 @@ mod tests {
         let table = Arc::new(TokenTable::byte_level_for_tests(&[]));
         let e = IsoDurationPlugin.compile("iso8601-duration", "", r#"{"max_digits": 0}"#, &table).err().unwrap();
         assert_eq!(e.code, ErrorCode::InvalidOptions);
+        assert_eq!(
+            (e.message.as_str(), e.location.as_deref()),
+            ("options.max_digits must be from 1 to 9; got 0", Some("max_digits"))
+        );
+        let e = IsoDurationPlugin.compile("iso8601-duration", "", r#"{"max_digits": "2"}"#, &table).err().unwrap();
+        assert_eq!(e.message, "options.max_digits: invalid type: string \"2\", expected u8 at line 1 column 18");
         let e = IsoDurationPlugin.compile("iso8601-duration", "P1D", "{}", &table).err().unwrap();
         assert_eq!(e.code, ErrorCode::InvalidSource);
     }
