@@ -1,5 +1,6 @@
 //! Argument parsing and dispatch.
 
+mod authoring;
 mod constraint;
 mod generate;
 mod plugins;

@@ -1,12 +1,15 @@
-//! `dspark plugins list|validate`.
+//! `dspark plugins list|validate|new|build`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Subcommand;
 use dspark_host::plugin::registry::Registry;
+use dspark_host::plugin::{LoadedPlugin, PluginRuntime};
 
 use super::RuntimeArgs;
+use super::authoring;
 
 #[derive(Debug, Subcommand)]
 pub enum PluginsCommand {
@@ -18,13 +21,50 @@ pub enum PluginsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Check one plugin folder (manifest, sha256, component, kinds); exit 0 if it loads.
+    /// Check one plugin folder (manifest, sha256, component, kinds) and initialise it with
+    /// real vocabularies, reporting its memory against its limit; exit 0 if it loads.
     Validate {
         /// The plugin's folder (holding plugin.toml and plugin.wasm).
         dir: PathBuf,
         /// Where compiled components are cached.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// A tokenizer.json to initialise the plugin with (repeatable). Default: every
+        /// assets/tokenizers/*/tokenizer.json under the working directory.
+        #[arg(long)]
+        tokenizer: Vec<PathBuf>,
+    },
+    /// Write a new plugin crate (SDK included, plugin profile and toolchain pinned, a
+    /// recogniser skeleton with tests) that builds in any folder.
+    New {
+        /// The plugin's name (a-z, 0-9, `-`, `_`): the crate's folder and the registry entry.
+        name: String,
+        /// The constraint kind it serves (requests name it in `response_format.kind`).
+        #[arg(long)]
+        kind: String,
+        /// The folder to create the crate in.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Use the guest SDK in this folder instead of copying it into the crate.
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
+    /// Build a plugin crate for wasm32-wasip2 with its plugin profile, write its manifest with
+    /// the component's sha256, check it as the server loads it, and optionally install it.
+    Build {
+        /// The plugin crate (holding Cargo.toml and plugin.toml).
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Copy the built plugin into this registry directory (a running server picks it up).
+        #[arg(long, value_name = "REGISTRY")]
+        install: Option<PathBuf>,
+        /// Where compiled components are cached.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// A tokenizer.json to initialise the plugin with (repeatable). Default: every
+        /// assets/tokenizers/*/tokenizer.json under the working directory.
+        #[arg(long)]
+        tokenizer: Vec<PathBuf>,
     },
 }
 
@@ -58,25 +98,73 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        PluginsCommand::Validate { dir, state_dir } => {
-            let args = RuntimeArgs { plugins_dir: dir.parent().map(PathBuf::from).unwrap_or_default(), state_dir };
-            match args.runtime()?.load(&dir) {
-                Ok(p) => {
-                    println!(
-                        "ok: {} {} serves {} (sha256 {}, status {})",
-                        p.manifest.name,
-                        p.manifest.version,
-                        p.manifest.kinds.join(", "),
-                        p.sha256,
-                        p.status().as_str()
-                    );
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => {
-                    println!("invalid: {e:#}");
-                    Ok(ExitCode::from(1))
-                }
+        PluginsCommand::Validate { dir, state_dir, tokenizer } => {
+            let runtime = runtime(&dir, state_dir)?;
+            Ok(validate(&runtime, &dir, &tokenizer))
+        }
+        PluginsCommand::New { name, kind, dir, sdk } => {
+            let made = authoring::new_plugin(&name, &kind, &dir, sdk.as_deref())?;
+            println!("wrote {}: a plugin serving `{kind}`", made.display());
+            println!("next: cd {} && cargo test && dspark plugins build --install REGISTRY", made.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        PluginsCommand::Build { dir, install, state_dir, tokenizer } => {
+            let built = authoring::build_plugin(&dir)?;
+            println!("built {} (sha256 {})", built.folder.display(), built.manifest.sha256);
+            let runtime = runtime(&built.folder, state_dir)?;
+            if validate(&runtime, &built.folder, &tokenizer) != ExitCode::SUCCESS {
+                return Ok(ExitCode::from(1));
+            }
+            if let Some(registry) = install {
+                let dest = authoring::install(&built.folder, &built.manifest.name, &registry)?;
+                println!("installed {}", dest.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// A plugin runtime whose cache is `state_dir` (default: the user's), never inside the plugin
+/// folder's parent.
+fn runtime(plugin_dir: &Path, state_dir: Option<PathBuf>) -> anyhow::Result<Arc<PluginRuntime>> {
+    let args = RuntimeArgs { plugins_dir: plugin_dir.parent().map(PathBuf::from).unwrap_or_default(), state_dir };
+    args.runtime()
+}
+
+/// Loads `dir` as the server would and initialises it with each tokenizer (the defaults when
+/// none is given), printing what it found. Success only if every step passed.
+fn validate(runtime: &Arc<PluginRuntime>, dir: &Path, tokenizers: &[PathBuf]) -> ExitCode {
+    let plugin: Arc<LoadedPlugin> = match runtime.load(dir) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("invalid: {e:#}");
+            return ExitCode::from(1);
+        }
+    };
+    println!(
+        "ok: {} {} serves {} (sha256 {}, status {})",
+        plugin.manifest.name,
+        plugin.manifest.version,
+        plugin.manifest.kinds.join(", "),
+        plugin.sha256,
+        plugin.status().as_str()
+    );
+    let tokenizers = if tokenizers.is_empty() { authoring::default_tokenizers() } else { tokenizers.to_vec() };
+    if tokenizers.is_empty() {
+        println!(
+            "memory not checked against a real vocabulary: no --tokenizer given and none under \
+             ./assets/tokenizers; pass --tokenizer PATH/tokenizer.json"
+        );
+    }
+    let mut ok = true;
+    for tokenizer in &tokenizers {
+        match authoring::check_init(&plugin, tokenizer) {
+            Ok(line) => println!("ok: {line}"),
+            Err(e) => {
+                println!("invalid: {e:#}");
+                ok = false;
             }
         }
     }
+    if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
 }
