@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::Subcommand;
 use dspark_host::plugin::registry::Registry;
 use dspark_host::plugin::{LoadedPlugin, PluginRuntime};
@@ -26,7 +27,8 @@ pub enum PluginsCommand {
     Validate {
         /// The plugin's folder (holding plugin.toml and plugin.wasm).
         dir: PathBuf,
-        /// Where compiled components are cached.
+        /// Where compiled components are cached (default: a scratch directory, so that the
+        /// check's failures never count against the plugin where a server runs it).
         #[arg(long)]
         state_dir: Option<PathBuf>,
         /// A tokenizer.json to initialise the plugin with (repeatable). Default: every
@@ -58,7 +60,7 @@ pub enum PluginsCommand {
         /// Copy the built plugin into this registry directory (a running server picks it up).
         #[arg(long, value_name = "REGISTRY")]
         install: Option<PathBuf>,
-        /// Where compiled components are cached.
+        /// Where compiled components are cached (default: a scratch directory).
         #[arg(long)]
         state_dir: Option<PathBuf>,
         /// A tokenizer.json to initialise the plugin with (repeatable). Default: every
@@ -99,7 +101,7 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         PluginsCommand::Validate { dir, state_dir, tokenizer } => {
-            let runtime = runtime(&dir, state_dir)?;
+            let (runtime, _scratch) = runtime(&dir, state_dir)?;
             Ok(validate(&runtime, &dir, &tokenizer))
         }
         PluginsCommand::New { name, kind, dir, sdk } => {
@@ -111,7 +113,7 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
         PluginsCommand::Build { dir, install, state_dir, tokenizer } => {
             let built = authoring::build_plugin(&dir)?;
             println!("built {} (sha256 {})", built.folder.display(), built.manifest.sha256);
-            let runtime = runtime(&built.folder, state_dir)?;
+            let (runtime, _scratch) = runtime(&built.folder, state_dir)?;
             if validate(&runtime, &built.folder, &tokenizer) != ExitCode::SUCCESS {
                 return Ok(ExitCode::from(1));
             }
@@ -124,11 +126,20 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// A plugin runtime whose cache is `state_dir` (default: the user's), never inside the plugin
-/// folder's parent.
-fn runtime(plugin_dir: &Path, state_dir: Option<PathBuf>) -> anyhow::Result<Arc<PluginRuntime>> {
+/// A plugin runtime for checking a plugin, with `state_dir` as its cache, or by default a
+/// scratch directory (returned, removed when dropped): the failures a check provokes (an init
+/// over its memory limit) must not count against the plugin where a server runs it.
+fn runtime(
+    plugin_dir: &Path,
+    state_dir: Option<PathBuf>,
+) -> anyhow::Result<(Arc<PluginRuntime>, Option<tempfile::TempDir>)> {
+    let scratch = match state_dir {
+        Some(_) => None,
+        None => Some(tempfile::tempdir().context("cannot create a scratch state directory")?),
+    };
+    let state_dir = state_dir.or_else(|| scratch.as_ref().map(|d| d.path().to_path_buf()));
     let args = RuntimeArgs { plugins_dir: plugin_dir.parent().map(PathBuf::from).unwrap_or_default(), state_dir };
-    args.runtime()
+    Ok((args.runtime()?, scratch))
 }
 
 /// Loads `dir` as the server would and initialises it with each tokenizer (the defaults when
