@@ -168,3 +168,43 @@ fn a_new_plugin_from_an_empty_folder_to_served_answers() {
         )
     );
 }
+
+/// The tutorial of docs/plugins.md, as written: its Rust blocks joined are the `src/lib.rs` of
+/// a crate from `plugins new`; its tests pass and it builds into a plugin that loads.
+#[test]
+fn the_tutorial_builds_and_its_tests_pass() {
+    let doc = std::fs::read_to_string(dspark_tests::repo_root().join("docs/plugins.md")).unwrap();
+    let start = doc.find("## Tutorial: a plugin from nothing").expect("the tutorial");
+    let end = doc[start..].find("### 5. Build and install").expect("its build section") + start;
+    let mut code = String::new();
+    for block in doc[start..end].split("```rust\n").skip(1) {
+        code.push_str(block.split("```").next().unwrap());
+        code.push('\n');
+    }
+    assert!(code.contains("impl Recognizer for HexColor") && code.contains("mod tests"), "{code}");
+
+    let work = tempfile::tempdir().unwrap();
+    let crate_dir = work.path().join("hexcolor");
+    let target = target_dir(&crate_dir);
+    assert!(dspark(&["plugins", "new", "hexcolor", "--kind", "hexcolor"], work.path(), &target).status.success());
+    std::fs::write(crate_dir.join("src/lib.rs"), code).unwrap();
+
+    let out = Command::new("cargo")
+        .arg("test")
+        .current_dir(&crate_dir)
+        .env("CARGO_TARGET_DIR", &target)
+        .output()
+        .expect("run cargo test");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for test in ["colours", "no_prefix_is_a_dead_end", "options_name_the_field"] {
+        assert!(text.contains(&format!("test tests::{test} ... ok")), "{text}");
+    }
+
+    let llama3 = tokenizer_json("llama3");
+    let out = dspark(&["plugins", "build", "--tokenizer", llama3.to_str().unwrap()], &crate_dir, &target);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(text.contains("ok: hexcolor 0.1.0 serves hexcolor (sha256 "), "{text}");
+    assert!(text.contains("(128256 tokens)"), "{text}");
+}
