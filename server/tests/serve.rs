@@ -537,6 +537,31 @@ fn grammars_in_both_syntaxes() {
     let body = chat(json!({"structured_outputs": {"grammar": "start: a\na: \"x\" b\n"}}));
     let r = post_raw(addr, &body);
     assert_error(&r, 400, Some("structured_outputs.grammar"), "at 2:8: `b` is not defined");
+
+    // A grammar that exhausts the plugin is the request's cost, not the plugin's fault: a
+    // 400, again at once when repeated, and the plugin keeps serving everyone.
+    let deep = format!("start: {}\"a\"{}\n", "(".repeat(300_000), ")".repeat(300_000));
+    let body = chat(json!({"structured_outputs": {"grammar": deep}}));
+    let r = post_raw(addr, &body);
+    assert_error(
+        &r,
+        400,
+        Some("structured_outputs.grammar"),
+        "the grammar constraint is too costly to serve: the plugin",
+    );
+    for _ in 0..3 {
+        let r = post_raw(addr, &body);
+        assert_error(
+            &r,
+            400,
+            Some("structured_outputs.grammar"),
+            "plugin `grammar` refuses this constraint for another",
+        );
+    }
+    let mut body = chat(json!({"structured_outputs": {"grammar": "start: \"yes\" | \"no\"\n"}}));
+    body["max_tokens"] = json!(4);
+    let r = post_json(addr, "/v1/chat/completions", &body).json();
+    assert!(["yes", "no"].contains(&content(&r)), "{r}");
 }
 
 /// The SDK tutorial's example plugin (examples/iso-duration), built by scripts/build-plugins.sh,

@@ -1,11 +1,11 @@
 //! Hostile plugins against the real sandbox: each misbehaviour gives that call a clear error,
-//! the host stays up, other plugins keep serving, and a plugin that keeps failing is
-//! quarantined.
+//! the host stays up, other plugins keep serving, a plugin that keeps failing is quarantined,
+//! and a costly input is refused without counting against the plugin.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use dspark_host::plugin::{ErrorCode, MatcherHandle, PluginError, PluginInstance, PluginStatus};
+use dspark_host::plugin::{ErrorCode, MatcherHandle, PluginError, PluginInstance, PluginStatus, TrapCause};
 use dspark_host::tokenizer::CanonicalTokenizer;
 use dspark_tests::{ByteTokenizer, Fixture, builtin_plugin, test_plugin};
 
@@ -238,16 +238,26 @@ fn a_plugin_that_keeps_trapping_is_quarantined_and_others_keep_serving() {
     let tok = ByteTokenizer::new(&[]);
     let plugin = f.registry.get("testkit").unwrap();
     let mut inst = instance(&f, "testkit", &tok);
-    for _ in 0..3 {
-        let c = inst.compile("panic", "", "{}").unwrap();
+    let panic_under = |inst: &mut PluginInstance, source: &str| {
+        let c = inst.compile("panic", source, "{}").unwrap();
         let m = inst.new_matcher(&c).unwrap();
-        assert!(matches!(inst.compute_mask(&m), Err(PluginError::Trap { .. })));
+        assert!(matches!(inst.compute_mask(&m), Err(PluginError::Trap { cause: TrapCause::Fault, .. })));
+    };
+    // One input repeated is one strike, however often: a client cannot quarantine a plugin
+    // by sending the same request again and again.
+    for _ in 0..5 {
+        panic_under(&mut inst, "one");
     }
+    assert_eq!((plugin.status(), plugin.strikes()), (PluginStatus::Ready, 1));
+    // Faults under three different constraints are a broken plugin.
+    panic_under(&mut inst, "two");
+    panic_under(&mut inst, "three");
     assert_eq!(plugin.status(), PluginStatus::Quarantined);
     let err = inst.compile("bitset", "", "{}").unwrap_err();
     assert!(matches!(err, PluginError::Quarantined { strikes: 3, .. }), "{err:?}");
+    assert!(err.to_string().ends_with("or lift the quarantine with `dspark plugins unquarantine testkit`"), "{err}");
     let canonical: Arc<dyn CanonicalTokenizer> = tok.clone();
-    assert!(matches!(plugin.instantiate(tok.table(), canonical), Err(PluginError::Quarantined { .. })));
+    assert!(matches!(plugin.instantiate(tok.table(), canonical.clone()), Err(PluginError::Quarantined { .. })));
     let listed = f.registry.list();
     let row = listed.iter().find(|p| p.name == "testkit").unwrap();
     assert_eq!(row.status, "quarantined");
@@ -257,6 +267,54 @@ fn a_plugin_that_keeps_trapping_is_quarantined_and_others_keep_serving() {
     // directory (e.g. `dspark plugins list`) sees it too.
     let again = f.runtime.load(&f.plugins.path().join("testkit")).unwrap();
     assert_eq!(again.status(), PluginStatus::Quarantined);
+    // An operator lifts it (`dspark plugins unquarantine`): the next scan serves it again.
+    assert!(f.runtime.unquarantine(&plugin.sha256).unwrap());
+    assert_eq!(f.registry.scan().unquarantined, vec!["testkit"]);
+    assert_eq!((plugin.status(), plugin.strikes()), (PluginStatus::Ready, 0));
+    let mut inst = plugin.instantiate(tok.table(), canonical).expect("serves again");
+    assert!(inst.compile("bitset", "", "{}").is_ok());
+    // A server that does not keep quarantines forgets the records of an earlier run.
+    panic_under(&mut inst, "four");
+    panic_under(&mut inst, "five");
+    panic_under(&mut inst, "six");
+    assert_eq!(f.runtime.forget_quarantines().unwrap(), 1);
+    assert_eq!(f.runtime.load(&f.plugins.path().join("testkit")).unwrap().status(), PluginStatus::Ready);
+}
+
+/// A constraint that exhausts a resource (time, memory) fails its request with a clear error
+/// and is refused for a while without entering the plugin again; it is the input's cost, and
+/// counts nothing against the plugin, whatever the number of such inputs.
+#[test]
+fn costly_constraints_are_refused_and_strike_nothing() {
+    let f = fixture_with_deadlines(3, Duration::from_secs(10), Duration::from_millis(100));
+    let tok = ByteTokenizer::new(&[]);
+    let plugin = f.registry.get("testkit").unwrap();
+    let mut inst = instance(&f, "testkit", &tok);
+    for source in ["a", "b", "c", "d", "e"] {
+        match inst.compile("endless-compile", source, "{}").unwrap_err() {
+            PluginError::Trap { cause: TrapCause::Deadline, message, .. } => {
+                assert!(message.contains("exceeded its time limit of 100 ms"), "{message}")
+            }
+            other => panic!("expected a deadline trap, got {other:?}"),
+        }
+    }
+    // The same input again is refused at once, saying why and for how long.
+    let again = inst.compile("endless-compile", "a", "{}").unwrap_err();
+    assert!(matches!(again, PluginError::Refused { .. }), "{again:?}");
+    assert!(again.is_user_error());
+    let text = again.to_string();
+    assert!(
+        text.starts_with("plugin `testkit` refuses this constraint for another ")
+            && text.ends_with(" s: it exceeded its time limit of 100 ms of CPU time"),
+        "{text}"
+    );
+    // A memory bomb under a matcher refuses its constraint too.
+    let c = inst.compile("membomb", "", "{}").unwrap();
+    let m = inst.new_matcher(&c).unwrap();
+    assert!(matches!(inst.compute_mask(&m), Err(PluginError::Trap { cause: TrapCause::Memory, .. })));
+    assert!(matches!(inst.compile("membomb", "", "{}"), Err(PluginError::Refused { .. })));
+    assert_eq!((plugin.status(), plugin.strikes()), (PluginStatus::Ready, 0));
+    assert!(inst.compile("bitset", "", "{}").is_ok(), "the plugin serves other constraints");
 }
 
 #[test]

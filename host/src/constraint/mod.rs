@@ -140,6 +140,15 @@ pub enum BuildError {
         /// The plugin's message.
         message: String,
     },
+    /// The constraint exhausted the plugin's time, memory or stack (now, or a short while ago
+    /// and is refused for a while): the request's cost, not the plugin's fault.
+    #[error("the {kind} constraint is too costly to serve: {message}; simplify it")]
+    TooCostly {
+        /// The kind.
+        kind: String,
+        /// What it exhausted, and for how long it is refused.
+        message: String,
+    },
     /// The plugin is quarantined: retry once the operator has replaced it.
     #[error(transparent)]
     Unavailable(PluginError),
@@ -162,6 +171,10 @@ impl BuildError {
             PluginError::Constraint { error, .. } if error.code.is_user_error() => {
                 BuildError::Invalid { kind: kind.to_string(), location: error.location, message: error.message }
             }
+            PluginError::Trap { message, cause, .. } if cause.is_resource() => {
+                BuildError::TooCostly { kind: kind.to_string(), message: format!("the plugin {message}") }
+            }
+            e @ PluginError::Refused { .. } => BuildError::TooCostly { kind: kind.to_string(), message: e.to_string() },
             e @ PluginError::Quarantined { .. } => BuildError::Unavailable(e),
             e => BuildError::Plugin(e),
         }

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use super::health::TrapCause;
+
 /// The contract's error codes, host side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
@@ -87,6 +89,22 @@ pub enum PluginError {
         call: &'static str,
         /// What happened, for the user and the log.
         message: String,
+        /// What stopped it: an exhausted resource (the input's cost) or a fault.
+        cause: TrapCause,
+    },
+    /// The constraint exhausted the plugin's resources a short while ago and is refused
+    /// without entering the plugin.
+    #[error(
+        "plugin `{plugin}` refuses this constraint for another {} s: it {reason}",
+        left.as_secs().max(1)
+    )]
+    Refused {
+        /// The plugin's name.
+        plugin: String,
+        /// What the constraint did (`exceeded its time limit of ...`).
+        reason: String,
+        /// How much longer it is refused.
+        left: std::time::Duration,
     },
     /// The plugin answered something the contract forbids (wrong mask length, unknown token
     /// id, a forced span over the cap).
@@ -99,8 +117,12 @@ pub enum PluginError {
         /// What was wrong.
         message: String,
     },
-    /// The plugin kept failing and is quarantined until its file changes.
-    #[error("plugin `{plugin}` is quarantined after {strikes} failures; fix or replace it in the plugin directory")]
+    /// The plugin kept failing and is quarantined until its file changes or an operator lifts
+    /// the quarantine.
+    #[error(
+        "plugin `{plugin}` is quarantined after failing under {strikes} different constraints; fix or replace it \
+         in the plugin directory, or lift the quarantine with `dspark plugins unquarantine {plugin}`"
+    )]
     Quarantined {
         /// The plugin's name.
         plugin: String,
@@ -126,8 +148,15 @@ pub enum PluginError {
 }
 
 impl PluginError {
-    /// Whether the error is the request's fault rather than the plugin's or the host's.
+    /// Whether the error is the request's fault rather than the plugin's or the host's: an
+    /// error value the plugin returned for it, or a constraint that exhausted the plugin's
+    /// resources (now or a short while ago).
     pub fn is_user_error(&self) -> bool {
-        matches!(self, PluginError::Constraint { error, .. } if error.code.is_user_error())
+        match self {
+            PluginError::Constraint { error, .. } => error.code.is_user_error(),
+            PluginError::Trap { cause, .. } => cause.is_resource(),
+            PluginError::Refused { .. } => true,
+            _ => false,
+        }
     }
 }

@@ -11,6 +11,7 @@ use super::PluginError;
 use super::bindings;
 use super::bindings::dspark::constraint::types as wit;
 use super::deadline::{self, Stop};
+use super::health::{TrapCause, constraint_key};
 use super::runtime::{HostState, LoadedPlugin, MAX_LOCATION_BYTES, MAX_MESSAGE_BYTES, capped, wit_error};
 use crate::tokenizer::{CanonicalTokenizer, TokenTable};
 
@@ -84,6 +85,8 @@ pub struct CommitOutcome {
 pub struct CompiledHandle {
     res: ResourceAny,
     generation: u64,
+    /// The constraint's key for the quarantine policy.
+    constraint: u64,
     /// What the plugin could only approximate.
     pub warnings: Vec<(String, String)>,
 }
@@ -93,6 +96,7 @@ pub struct CompiledHandle {
 pub struct MatcherHandle {
     res: ResourceAny,
     generation: u64,
+    constraint: u64,
 }
 
 /// One sandboxed instance of a plugin, initialised with a tokenizer's table.
@@ -108,6 +112,8 @@ pub struct PluginInstance {
     bindings: bindings::Plugin,
     generation: u64,
     poisoned: bool,
+    /// The constraint the running call serves, to which a trap is attributed.
+    serving: Option<u64>,
 }
 
 impl PluginInstance {
@@ -117,7 +123,7 @@ impl PluginInstance {
         tokenizer: Arc<dyn CanonicalTokenizer>,
     ) -> Result<Self, PluginError> {
         let (store, bindings) = Self::start(&plugin, &table, &tokenizer)?;
-        Ok(Self { plugin, table, tokenizer, store, bindings, generation: 0, poisoned: false })
+        Ok(Self { plugin, table, tokenizer, store, bindings, generation: 0, poisoned: false, serving: None })
     }
 
     fn start(
@@ -128,8 +134,8 @@ impl PluginInstance {
         let setup = |message: String| PluginError::Setup { plugin: plugin.name().to_string(), message };
         let mut store = plugin.runtime.new_store(plugin, tokenizer.clone());
         let bindings = plugin.pre.instantiate(&mut store).map_err(|e| {
-            plugin.strike();
-            setup(format!("cannot instantiate: {}", describe_trap(&e, &store)))
+            plugin.fault(None);
+            setup(format!("cannot instantiate: {}", describe_trap(&e, &store).0))
         })?;
         let ticks = store.data_mut().deadline.arm(plugin.compile_deadline);
         store.set_epoch_deadline(ticks);
@@ -139,8 +145,8 @@ impl PluginInstance {
             Ok(Ok(())) => Ok((store, bindings)),
             Ok(Err(e)) => Err(wit_error(plugin.name(), e)),
             Err(trap) => {
-                plugin.strike();
-                Err(setup(format!("init failed: {}", describe_trap(&trap, &store))))
+                plugin.fault(None);
+                Err(setup(format!("init failed: {}", describe_trap(&trap, &store).0)))
             }
         }
     }
@@ -175,15 +181,19 @@ impl PluginInstance {
         Ok(())
     }
 
-    fn check_handle(&self, generation: u64, what: &'static str) -> Result<(), PluginError> {
+    /// Checks that a handle belongs to this instance's current Store, and attributes the
+    /// calls that follow to its constraint.
+    fn enter(&mut self, generation: u64, constraint: u64, what: &'static str) -> Result<(), PluginError> {
+        self.serving = Some(constraint);
         if generation != self.generation || self.poisoned {
             return Err(PluginError::Stale { plugin: self.plugin.name().to_string(), what });
         }
         Ok(())
     }
 
-    /// Runs one guest call with `limit` of CPU time; a trap poisons the Store and costs a
-    /// strike.
+    /// Runs one guest call with `limit` of CPU time. A trap poisons the Store, and is judged
+    /// by the [`health`](super::health) policy: an exhausted resource refuses the constraint
+    /// being served, anything else is a fault against the plugin.
     fn call<R>(
         &mut self,
         name: &'static str,
@@ -198,24 +208,29 @@ impl PluginInstance {
             Ok(r) => Ok(r),
             Err(trap) => {
                 self.poisoned = true;
-                self.plugin.strike();
-                Err(PluginError::Trap {
-                    plugin: self.plugin.name().to_string(),
-                    call: name,
-                    message: describe_trap(&trap, &self.store),
-                })
+                let (message, cause) = describe_trap(&trap, &self.store);
+                match self.serving {
+                    Some(constraint) if cause.is_resource() => self.plugin.refuse(constraint, message.clone()),
+                    serving => self.plugin.fault(serving),
+                }
+                Err(PluginError::Trap { plugin: self.plugin.name().to_string(), call: name, message, cause })
             }
         }
     }
 
     fn invalid(&self, call: &'static str, message: String) -> PluginError {
-        self.plugin.strike();
+        self.plugin.fault(self.serving);
         PluginError::InvalidOutput { plugin: self.plugin.name().to_string(), call, message }
     }
 
     /// Compiles a constraint.
     pub fn compile(&mut self, kind: &str, source: &str, options: &str) -> Result<CompiledHandle, PluginError> {
         self.plugin.check_not_quarantined()?;
+        let constraint = constraint_key(kind, source, options);
+        if let Some((reason, left)) = self.plugin.refusal(constraint) {
+            return Err(PluginError::Refused { plugin: self.plugin.name().to_string(), reason, left });
+        }
+        self.serving = Some(constraint);
         self.revive()?;
         let limit = self.plugin.compile_deadline;
         let res = self.call("compile", limit, |s, b| {
@@ -224,21 +239,21 @@ impl PluginInstance {
         let res = res.map_err(|e| wit_error(self.plugin.name(), e))?;
         let warnings =
             self.call("warnings", limit, |s, b| b.dspark_constraint_constraint().compiled().call_warnings(s, res))?;
-        Ok(CompiledHandle { res, generation: self.generation, warnings: keep_warnings(warnings) })
+        Ok(CompiledHandle { res, generation: self.generation, constraint, warnings: keep_warnings(warnings) })
     }
 
     /// A matcher at the start of `compiled`.
     pub fn new_matcher(&mut self, compiled: &CompiledHandle) -> Result<MatcherHandle, PluginError> {
-        self.check_handle(compiled.generation, "compiled constraint")?;
+        self.enter(compiled.generation, compiled.constraint, "compiled constraint")?;
         let res = self.call("new-matcher", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().compiled().call_new_matcher(s, compiled.res)
         })?;
-        Ok(MatcherHandle { res, generation: self.generation })
+        Ok(MatcherHandle { res, generation: self.generation, constraint: compiled.constraint })
     }
 
     /// The allowed tokens, validated against the vocabulary.
     pub fn compute_mask(&mut self, m: &MatcherHandle) -> Result<TokenMask, PluginError> {
-        self.check_handle(m.generation, "matcher")?;
+        self.enter(m.generation, m.constraint, "matcher")?;
         let mask = self.call("compute-mask", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_compute_mask(s, m.res)
         })?;
@@ -287,7 +302,7 @@ impl PluginInstance {
 
     /// Commits `tokens`; returns the validated forced span and the stop flag.
     pub fn commit(&mut self, m: &MatcherHandle, tokens: &[u32]) -> Result<CommitOutcome, PluginError> {
-        self.check_handle(m.generation, "matcher")?;
+        self.enter(m.generation, m.constraint, "matcher")?;
         let r = self.call("commit", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_commit(s, m.res, tokens)
         })?;
@@ -309,7 +324,7 @@ impl PluginInstance {
 
     /// Undoes the last `n` tokens.
     pub fn rollback(&mut self, m: &MatcherHandle, n: u32) -> Result<(), PluginError> {
-        self.check_handle(m.generation, "matcher")?;
+        self.enter(m.generation, m.constraint, "matcher")?;
         let r = self.call("rollback", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_rollback(s, m.res, n)
         })?;
@@ -318,7 +333,7 @@ impl PluginInstance {
 
     /// How many draft tokens would be accepted in turn.
     pub fn validate_draft(&mut self, m: &MatcherHandle, tokens: &[u32]) -> Result<u32, PluginError> {
-        self.check_handle(m.generation, "matcher")?;
+        self.enter(m.generation, m.constraint, "matcher")?;
         let n = self.call("validate-draft", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_validate_draft(s, m.res, tokens)
         })?;
@@ -330,16 +345,16 @@ impl PluginInstance {
 
     /// An independent copy of a matcher.
     pub fn fork(&mut self, m: &MatcherHandle) -> Result<MatcherHandle, PluginError> {
-        self.check_handle(m.generation, "matcher")?;
+        self.enter(m.generation, m.constraint, "matcher")?;
         let res = self.call("fork", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_fork(s, m.res)
         })?;
-        Ok(MatcherHandle { res, generation: self.generation })
+        Ok(MatcherHandle { res, generation: self.generation, constraint: m.constraint })
     }
 
     /// Whether the output so far is complete.
     pub fn is_accepting(&mut self, m: &MatcherHandle) -> Result<bool, PluginError> {
-        self.check_handle(m.generation, "matcher")?;
+        self.enter(m.generation, m.constraint, "matcher")?;
         self.call("is-accepting", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_is_accepting(s, m.res)
         })
@@ -347,7 +362,7 @@ impl PluginInstance {
 
     /// Whether the sequence has ended.
     pub fn is_stopped(&mut self, m: &MatcherHandle) -> Result<bool, PluginError> {
-        self.check_handle(m.generation, "matcher")?;
+        self.enter(m.generation, m.constraint, "matcher")?;
         self.call("is-stopped", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_is_stopped(s, m.res)
         })
@@ -355,7 +370,7 @@ impl PluginInstance {
 
     /// The matcher's state key.
     pub fn state_key(&mut self, m: &MatcherHandle) -> Result<u64, PluginError> {
-        self.check_handle(m.generation, "matcher")?;
+        self.enter(m.generation, m.constraint, "matcher")?;
         self.call("state-key", self.plugin.mask_deadline, |s, b| {
             b.dspark_constraint_constraint().matcher().call_state_key(s, m.res)
         })
@@ -363,6 +378,7 @@ impl PluginInstance {
 
     /// Frees a matcher in the guest. Handles of a restarted instance are simply forgotten.
     pub fn drop_matcher(&mut self, m: MatcherHandle) -> Result<(), PluginError> {
+        self.serving = Some(m.constraint);
         if m.generation != self.generation || self.poisoned {
             return Ok(());
         }
@@ -371,6 +387,7 @@ impl PluginInstance {
 
     /// Frees a compiled constraint in the guest.
     pub fn drop_compiled(&mut self, c: CompiledHandle) -> Result<(), PluginError> {
+        self.serving = Some(c.constraint);
         if c.generation != self.generation || self.poisoned {
             return Ok(());
         }
@@ -378,15 +395,15 @@ impl PluginInstance {
     }
 }
 
-/// Says what a trap was, in words a plugin author can act on.
-fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>) -> String {
+/// Says what a trap was, in words a plugin author can act on, and what stopped the call.
+fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>) -> (String, TrapCause) {
     let stderr = String::from_utf8_lossy(&store.data().stderr.contents()).trim().to_string();
     let stderr = if stderr.is_empty() { String::new() } else { format!(" (plugin stderr: {})", last_line(&stderr)) };
     match err.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => {
             let deadline = &store.data().deadline;
             let limit = deadline.limit();
-            match deadline.stopped() {
+            let message = match deadline.stopped() {
                 Some(Stop::Wall { cpu }) => format!(
                     "did not finish in {} ms of wall-clock time, using {} ms of CPU after its time \
                      limit of {} ms passed: it was waiting, not computing",
@@ -395,14 +412,17 @@ fn describe_trap(err: &wasmtime::Error, store: &Store<HostState>) -> String {
                     limit.as_millis(),
                 ),
                 _ => format!("exceeded its time limit of {} ms of CPU time", limit.as_millis()),
-            }
+            };
+            (message, TrapCause::Deadline)
         }
-        Some(wasmtime::Trap::StackOverflow) => format!("overflowed its stack{stderr}"),
-        Some(wasmtime::Trap::UnreachableCodeReached) if !stderr.is_empty() => format!("panicked{stderr}"),
-        Some(trap) => format!("trapped: {trap}{stderr}"),
+        Some(wasmtime::Trap::StackOverflow) => (format!("overflowed its stack{stderr}"), TrapCause::Stack),
+        Some(wasmtime::Trap::UnreachableCodeReached) if !stderr.is_empty() => {
+            (format!("panicked{stderr}"), TrapCause::Fault)
+        }
+        Some(trap) => (format!("trapped: {trap}{stderr}"), TrapCause::Fault),
         None => match store.data().limits.refused {
-            Some(asked) => memory_message(&store.data().limits, asked, &stderr),
-            None => format!("{err:#}{stderr}"),
+            Some(asked) => (memory_message(&store.data().limits, asked, &stderr), TrapCause::Memory),
+            None => (format!("{err:#}{stderr}"), TrapCause::Fault),
         },
     }
 }

@@ -10,19 +10,24 @@
 //! limit of CPU time (epoch interruption, see [`deadline`]), memory exhausted (`StoreLimits`), a panic, a stack overflow — poisons
 //! the whole `Store`. The call returns [`PluginError::Trap`], the instance restarts from the
 //! cached `InstancePre` on its next use, and handles made before the restart report
-//! [`PluginError::Stale`]. A trap or an invalid answer is a strike against the plugin; at
-//! [`RuntimeConfig::strike_limit`] strikes it is quarantined: no new instance or compile is
-//! allowed until the plugin's file changes. The quarantine is recorded in the runtime's state
+//! [`PluginError::Stale`]. Whether the trap counts against the plugin is the policy of
+//! [`health`]: an exhausted resource (time, memory, stack) is the input's cost, and refuses
+//! that constraint for a while; a fault (a panic, an invalid answer) is a strike, and faults
+//! under [`RuntimeConfig::strike_limit`] distinct constraints within a window quarantine the
+//! plugin: no new instance or compile is allowed until its file changes or an operator lifts
+//! it (`dspark plugins unquarantine`). The quarantine is recorded in the runtime's state
 //! directory, keyed by the component's sha256, so `dspark plugins list` shows it too.
 
 pub mod deadline;
 mod error;
+pub mod health;
 mod instance;
 mod manifest;
 pub mod registry;
 mod runtime;
 
 pub use error::{ConstraintError, ErrorCode, PluginError};
+pub use health::TrapCause;
 pub use instance::{CommitOutcome, CompiledHandle, MatcherHandle, PluginInstance, TokenMask};
 pub use manifest::{Capabilities, Limits, Manifest, SUPPORTED_WIT};
 pub use runtime::{LoadedPlugin, PluginRuntime, PluginStatus, RuntimeConfig};

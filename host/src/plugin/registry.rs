@@ -72,6 +72,8 @@ pub struct ScanReport {
     pub failed: Vec<(String, String)>,
     /// Of the failed folders, those whose previous version keeps serving.
     pub kept_previous: Vec<String>,
+    /// Plugins whose quarantine record was removed, and which serve again.
+    pub unquarantined: Vec<String>,
 }
 
 /// The plugins of one directory.
@@ -156,6 +158,14 @@ impl Registry {
             }
         }
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        // Quarantines an operator lifted (`dspark plugins unquarantine`) end here.
+        for (name, entry) in entries.iter() {
+            if let EntryState::Loaded(p) = &entry.state
+                && p.sync_quarantine_record()
+            {
+                report.unquarantined.push(name.clone());
+            }
+        }
         for (name, entry) in updates {
             entries.insert(name, entry);
         }

@@ -16,6 +16,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings;
 use super::deadline::{CallDeadline, EpochClock, Verdict};
+use super::health::Health;
 use super::manifest::Manifest;
 use super::{ErrorCode, PluginError};
 use crate::tokenizer::CanonicalTokenizer;
@@ -52,8 +53,13 @@ pub struct RuntimeConfig {
     pub max_memory_bytes: u64,
     /// The longest forced span accepted from a commit, in tokens.
     pub max_forced_tokens: usize,
-    /// Strikes (traps or invalid answers) before a plugin is quarantined.
+    /// Faults (panics, invalid answers, `init` traps) under this many distinct constraints
+    /// within [`Self::strike_window`] quarantine a plugin (see [`health`](super::health)).
     pub strike_limit: u32,
+    /// How long a fault counts.
+    pub strike_window: Duration,
+    /// How long a constraint that exhausted a plugin's resources is refused.
+    pub refusal_period: Duration,
     /// The largest `plugin.wasm` accepted.
     pub max_component_bytes: u64,
 }
@@ -71,6 +77,8 @@ impl RuntimeConfig {
             max_memory_bytes: 2 << 30,
             max_forced_tokens: 4096,
             strike_limit: 3,
+            strike_window: Duration::from_secs(600),
+            refusal_period: Duration::from_secs(600),
             max_component_bytes: 64 << 20,
         }
     }
@@ -295,6 +303,33 @@ impl PluginRuntime {
         Ok(runtime)
     }
 
+    /// Removes every quarantine record from the state directory: a server that does not keep
+    /// quarantines across restarts calls this before loading plugins.
+    pub fn forget_quarantines(&self) -> std::io::Result<usize> {
+        let mut removed = 0;
+        for entry in std::fs::read_dir(self.config.state_dir.join("quarantine"))?.flatten() {
+            if entry.path().is_file() {
+                std::fs::remove_file(entry.path())?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes the quarantine record of the component with this sha256, so that the plugin
+    /// serves again (at once here, and at the next registry scan of a server sharing the
+    /// state directory). Returns whether there was one.
+    pub fn unquarantine(&self, sha256: &str) -> std::io::Result<bool> {
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(false);
+        }
+        match std::fs::remove_file(self.config.state_dir.join("quarantine").join(sha256)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The runtime's configuration.
     pub fn config(&self) -> &RuntimeConfig {
         &self.config
@@ -402,7 +437,8 @@ impl PluginRuntime {
             mask_deadline: clamp(manifest.limits.mask_ms, self.config.mask_deadline),
             compile_deadline: clamp(manifest.limits.compile_ms, self.config.compile_deadline),
             quarantine_marker: self.config.state_dir.join("quarantine").join(&sha),
-            strikes: AtomicU32::new(0),
+            health: Health::default(),
+            quarantine_strikes: AtomicU32::new(0),
             quarantined: AtomicBool::new(false),
             runtime: self.clone(),
             manifest,
@@ -412,7 +448,7 @@ impl PluginRuntime {
         });
         if plugin.quarantine_marker.exists() {
             plugin.quarantined.store(true, Ordering::Relaxed);
-            plugin.strikes.store(self.config.strike_limit, Ordering::Relaxed);
+            plugin.quarantine_strikes.store(self.config.strike_limit, Ordering::Relaxed);
         }
         let kinds = plugin.probe_kinds()?;
         let mut declared = plugin.manifest.kinds.clone();
@@ -463,7 +499,9 @@ pub struct LoadedPlugin {
     pub(crate) memory_bytes: u64,
     pub(crate) mask_deadline: Duration,
     pub(crate) compile_deadline: Duration,
-    strikes: AtomicU32,
+    health: Health,
+    /// The strikes counted when it was quarantined (for the message).
+    quarantine_strikes: AtomicU32,
     quarantined: AtomicBool,
     quarantine_marker: PathBuf,
 }
@@ -494,9 +532,9 @@ impl LoadedPlugin {
         if self.quarantined.load(Ordering::Relaxed) { PluginStatus::Quarantined } else { PluginStatus::Ready }
     }
 
-    /// Strikes counted so far.
+    /// Strikes counted now: distinct constraints with a fault within the strike window.
     pub fn strikes(&self) -> u32 {
-        self.strikes.load(Ordering::Relaxed)
+        self.health.strikes(self.runtime.config.strike_window)
     }
 
     /// The linear memory one instance may hold, bytes (the manifest's `memory_mib`, clamped).
@@ -514,21 +552,48 @@ impl LoadedPlugin {
         self.compile_deadline
     }
 
-    /// Counts a strike; quarantines the plugin (and records it on disk) at the limit.
-    pub(crate) fn strike(&self) {
-        let n = self.strikes.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= self.runtime.config.strike_limit && !self.quarantined.swap(true, Ordering::Relaxed) {
-            let _ = std::fs::write(&self.quarantine_marker, format!("{} strikes\n", n));
+    /// Records a fault (a panic, an invalid answer, an `init` trap) under `constraint`;
+    /// quarantines the plugin, and records it in the state directory, when faults under
+    /// [`RuntimeConfig::strike_limit`] distinct constraints fall within the strike window.
+    pub(crate) fn fault(&self, constraint: Option<u64>) {
+        let config = &self.runtime.config;
+        let n = self.health.fault(constraint, config.strike_window);
+        if n >= config.strike_limit && !self.quarantined.swap(true, Ordering::Relaxed) {
+            self.quarantine_strikes.store(n, Ordering::Relaxed);
+            let _ = std::fs::write(&self.quarantine_marker, format!("{n} strikes\n"));
         }
+    }
+
+    /// Refuses `constraint` for the refusal period: it exhausted a resource (see
+    /// [`health`](super::health)).
+    pub(crate) fn refuse(&self, constraint: u64, reason: String) {
+        self.health.refuse(constraint, reason);
+    }
+
+    /// Why `constraint` is refused and for how much longer, if it is.
+    pub(crate) fn refusal(&self, constraint: u64) -> Option<(String, Duration)> {
+        self.health.refusal(constraint, self.runtime.config.refusal_period)
+    }
+
+    /// Lifts a quarantine whose record an operator removed from the state directory
+    /// (`dspark plugins unquarantine`); returns whether it did.
+    pub(crate) fn sync_quarantine_record(&self) -> bool {
+        if self.quarantined.load(Ordering::Relaxed) && !self.quarantine_marker.exists() {
+            self.health.clear_faults();
+            self.quarantined.store(false, Ordering::Relaxed);
+            return true;
+        }
+        false
     }
 
     /// Fails with [`PluginError::Quarantined`] if the plugin is quarantined.
     pub(crate) fn check_not_quarantined(&self) -> Result<(), PluginError> {
         match self.status() {
             PluginStatus::Ready => Ok(()),
-            PluginStatus::Quarantined => {
-                Err(PluginError::Quarantined { plugin: self.manifest.name.clone(), strikes: self.strikes() })
-            }
+            PluginStatus::Quarantined => Err(PluginError::Quarantined {
+                plugin: self.manifest.name.clone(),
+                strikes: self.quarantine_strikes.load(Ordering::Relaxed),
+            }),
         }
     }
 

@@ -36,6 +36,14 @@ pub enum PluginsCommand {
         #[arg(long)]
         tokenizer: Vec<PathBuf>,
     },
+    /// Lift the quarantine of a plugin: it serves again, here and (within a second) in a
+    /// running server that shares the state directory.
+    Unquarantine {
+        /// The plugin's name in the registry.
+        name: String,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+    },
     /// Write a new plugin crate (SDK included, plugin profile and toolchain pinned, a
     /// recogniser skeleton with tests) that builds in any folder.
     New {
@@ -103,6 +111,20 @@ pub fn run(cmd: PluginsCommand) -> anyhow::Result<ExitCode> {
         PluginsCommand::Validate { dir, state_dir, tokenizer } => {
             let (runtime, _scratch) = runtime(&dir, state_dir)?;
             Ok(validate(&runtime, &dir, &tokenizer))
+        }
+        PluginsCommand::Unquarantine { name, runtime } => {
+            let wasm = runtime.plugins_dir.join(&name).join("plugin.wasm");
+            let bytes =
+                std::fs::read(&wasm).with_context(|| format!("no plugin `{name}`: cannot read {}", wasm.display()))?;
+            let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+            if runtime.runtime()?.unquarantine(&sha)? {
+                println!(
+                    "lifted the quarantine of {name} (sha256 {sha}); a running server sharing this state directory serves it again at its next registry scan"
+                );
+            } else {
+                println!("{name} (sha256 {sha}) is not quarantined");
+            }
+            Ok(ExitCode::SUCCESS)
         }
         PluginsCommand::New { name, kind, dir, sdk } => {
             let made = authoring::new_plugin(&name, &kind, &dir, sdk.as_deref())?;

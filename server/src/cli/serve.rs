@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// ~/.cache/dspark).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Keep plugin quarantines across restarts (by default a new process starts every plugin
+    /// afresh; `dspark plugins unquarantine` lifts one at any time).
+    #[arg(long)]
+    persist_quarantine: bool,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 8 << 20)]
     max_body_bytes: usize,
@@ -110,5 +114,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         plugins_dir: args.plugins_dir,
         state_dir: args.state_dir.unwrap_or_else(RuntimeConfig::default_state_dir),
         body_limit: args.max_body_bytes,
+        persist_quarantine: args.persist_quarantine,
     })
 }

@@ -257,7 +257,7 @@ pub fn api_error(spec: &ConstraintSpec, e: BuildError) -> ApiError {
         BuildError::NoPluginForKind { unavailable, .. } if !unavailable.is_empty() => {
             ApiError::unavailable(e.to_string())
         }
-        BuildError::NoPluginForKind { .. } | BuildError::Invalid { .. } => {
+        BuildError::NoPluginForKind { .. } | BuildError::Invalid { .. } | BuildError::TooCostly { .. } => {
             ApiError::invalid(spec.field.clone(), e.to_string())
         }
         BuildError::Unavailable(_) | BuildError::PluginFailed { .. } => ApiError::unavailable(e.to_string()),

@@ -42,6 +42,8 @@ pub struct ServeOptions {
     pub state_dir: PathBuf,
     /// Largest request body in bytes.
     pub body_limit: usize,
+    /// Keep plugin quarantines recorded by an earlier run (else they are lifted at start).
+    pub persist_quarantine: bool,
 }
 
 /// Default entry settings for `--model`.
@@ -52,6 +54,15 @@ pub fn cli_entry(name: String, path: PathBuf, config: EntryConfig) -> ModelEntry
 /// Starts the server and serves until interrupted.
 pub fn run(options: ServeOptions) -> anyhow::Result<()> {
     let runtime = PluginRuntime::new(RuntimeConfig::new(options.state_dir.clone()))?;
+    if !options.persist_quarantine {
+        let forgotten = runtime.forget_quarantines().context("cannot clear the quarantine records")?;
+        if forgotten > 0 {
+            tracing::info!(
+                forgotten,
+                "plugin quarantines of an earlier run were lifted (--persist-quarantine keeps them)"
+            );
+        }
+    }
     let registry = Arc::new(Registry::new(options.plugins_dir.clone(), runtime)?);
     let report = registry.scan();
     for (name, error) in &report.failed {
@@ -59,6 +70,9 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
     }
     let _registry_watch = registry.watch(Duration::from_secs(1), |report| {
         tracing::info!(added = ?report.added, replaced = ?report.replaced, removed = ?report.removed, failed = ?report.failed, "plugin registry changed");
+        for name in &report.unquarantined {
+            tracing::info!(plugin = %name, "the quarantine was lifted; the plugin serves again");
+        }
         for name in &report.kept_previous {
             tracing::warn!(plugin = %name, "the update was refused; the previous version keeps serving (GET /v1/plugins says why)");
         }
