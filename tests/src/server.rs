@@ -61,6 +61,26 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Sends the signal `name` (`TERM`, `INT`) to the server process.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill").args(["-s", name, &self.child.id().to_string()]).status().expect("run kill");
+        assert!(status.success(), "kill -s {name} failed");
+    }
+
+    /// Waits for the process to exit, at most `within`; its exit status.
+    pub fn wait_for_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the server process") {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "dspark serve did not exit within {within:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();

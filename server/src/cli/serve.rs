@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use dspark_host::plugin::RuntimeConfig;
@@ -70,6 +71,10 @@ pub struct ServeArgs {
     /// afresh; `dspark plugins unquarantine` lifts one at any time).
     #[arg(long)]
     persist_quarantine: bool,
+    /// Seconds a SIGTERM or SIGINT lets requests in flight finish before ending them (with an
+    /// error event and `[DONE]` for streams); the process then exits 0.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_timeout: f64,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 8 << 20)]
     max_body_bytes: usize,
@@ -115,5 +120,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         state_dir: args.state_dir.unwrap_or_else(RuntimeConfig::default_state_dir),
         body_limit: args.max_body_bytes,
         persist_quarantine: args.persist_quarantine,
+        shutdown_timeout: Duration::try_from_secs_f64(args.shutdown_timeout)
+            .map_err(|_| anyhow::anyhow!("--shutdown-timeout {} is not a number of seconds", args.shutdown_timeout))?,
     })
 }

@@ -154,6 +154,7 @@ pub(super) async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejectio
             model: request.model,
             prompt_tokens,
             include_usage: resolved.include_usage,
+            lifecycle: state.lifecycle.clone(),
         };
         let opening = (0..resolved.n)
             .map(|index| json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))
@@ -199,7 +200,7 @@ pub(super) async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejectio
     let mut completion_tokens = 0;
     let mut prompt_logprobs = Value::Null;
     for (index, ticket) in tickets.into_iter().enumerate() {
-        let out = collect(ticket).await?;
+        let out = collect(ticket, &state.lifecycle).await?;
         check_output(&served, validator.as_deref(), &out.text, &out.finish);
         completion_tokens += out.tokens.len();
         if let (0, Some(prompt), Some(top)) = (index, &scored_prompt, resolved.prompt_logprobs) {

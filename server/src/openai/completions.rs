@@ -209,6 +209,7 @@ pub(super) async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesReje
             model: request.model,
             prompt_tokens,
             include_usage: resolved.include_usage,
+            lifecycle: state.lifecycle.clone(),
         };
         // Per choice: its logprobs builder, and whether its first chunk (which carries the
         // echoed prompt and the prompt's scores) was sent.
@@ -245,7 +246,7 @@ pub(super) async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesReje
     let mut choices = Vec::new();
     let mut completion_tokens = 0;
     for (index, ticket) in tickets.into_iter().enumerate() {
-        let out = collect(ticket).await?;
+        let out = collect(ticket, &state.lifecycle).await?;
         check_output(&served, validator.as_deref(), &out.text, &out.finish);
         completion_tokens += out.tokens.len();
         let prompt = &prompts[index / n];

@@ -255,12 +255,12 @@ pub fn api_error(spec: &ConstraintSpec, e: BuildError) -> ApiError {
         // Plugins that declare the kind exist but cannot serve: the server's fault, not the
         // request's.
         BuildError::NoPluginForKind { unavailable, .. } if !unavailable.is_empty() => {
-            ApiError::unavailable(e.to_string())
+            ApiError::plugin_unavailable(e.to_string())
         }
         BuildError::NoPluginForKind { .. } | BuildError::Invalid { .. } | BuildError::TooCostly { .. } => {
             ApiError::invalid(spec.field.clone(), e.to_string())
         }
-        BuildError::Unavailable(_) | BuildError::PluginFailed { .. } => ApiError::unavailable(e.to_string()),
+        BuildError::Unavailable(_) | BuildError::PluginFailed { .. } => ApiError::plugin_unavailable(e.to_string()),
         BuildError::Plugin(_) => ApiError::internal(e.to_string()),
     }
 }

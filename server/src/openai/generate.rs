@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use super::constraint::{self, ConstraintSpec};
 use super::request::Resolved;
 use crate::serving::error::ApiError;
+use crate::serving::lifecycle::Lifecycle;
 use crate::serving::models::Served;
 use crate::serving::state::AppState;
 use crate::serving::worker::{Event, Ticket};
@@ -202,11 +203,18 @@ pub(super) struct Collected {
     pub(super) prompt_logprobs: Vec<Scored>,
 }
 
-pub(super) async fn collect(mut ticket: Ticket) -> Result<Collected, ApiError> {
+/// Waits for a choice's whole answer; ends it with a 503 when a drain runs out of time.
+pub(super) async fn collect(mut ticket: Ticket, lifecycle: &Lifecycle) -> Result<Collected, ApiError> {
     let mut text = String::new();
     let mut tokens = Vec::new();
     let mut prompt_logprobs = Vec::new();
-    while let Some(event) = ticket.events.recv().await {
+    loop {
+        let event = tokio::select! {
+            biased;
+            event = ticket.events.recv() => event,
+            _ = lifecycle.in_flight_ended() => return Err(ApiError::shutting_down()),
+        };
+        let Some(event) = event else { break };
         match event {
             Event::Update(SequenceUpdate {
                 tokens: t, text: delta, finish, stop_reason, prompt_logprobs: p, ..

@@ -17,6 +17,32 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     (status, axum::Json(json!({"status": if ready { "ok" } else { "loading" }}))).into_response()
 }
 
+/// `GET /health/live`: 200 while every engine thread runs (a liveness probe restarts the
+/// process otherwise).
+pub async fn live(State(state): State<Arc<AppState>>) -> Response {
+    let stopped = state.models.stopped_engines();
+    if stopped.is_empty() {
+        (StatusCode::OK, axum::Json(json!({"status": "live"}))).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "engine stopped", "models": stopped})))
+            .into_response()
+    }
+}
+
+/// `GET /health/ready`: 200 when at least one entry serves and the server is not draining (a
+/// readiness probe or load balancer sends requests only then).
+pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    let status = if state.lifecycle.draining() {
+        "draining"
+    } else if state.models.any_ready() {
+        "ready"
+    } else {
+        "not ready"
+    };
+    let code = if status == "ready" { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, axum::Json(json!({"status": status}))).into_response()
+}
+
 /// `GET /v1/models`.
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     axum::Json(json!({"object": "list", "data": state.models.list()})).into_response()

@@ -1,7 +1,8 @@
 //! The OpenAI API (with vLLM's extensions): routes, request fields, and responses.
 //!
 //! Routes: `POST /v1/chat/completions` ([`chat`]), `POST /v1/completions` ([`completions`]),
-//! `GET /v1/models`, `GET /v1/plugins`, `GET /health`, `GET /metrics` ([`info`]), and vLLM's
+//! `GET /v1/models`, `GET /v1/plugins`, `GET /health`, `GET /health/live`, `GET /health/ready`,
+//! `GET /metrics` ([`info`]), and vLLM's
 //! `POST /tokenize` and `POST /detokenize` ([`tokenize`]). With an API key, every model route
 //! requires `Authorization: Bearer KEY` (401 otherwise); `/health` and `/metrics` stay open for
 //! probes and scrapers, as in vLLM.
@@ -45,13 +46,25 @@ pub fn router(state: Arc<AppState>) -> Router {
         // vLLM serves these beside /v1; here they take the API key like the model routes.
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .route_layer(middleware::from_fn_with_state(state.clone(), refuse_while_draining));
     Router::new()
         .merge(v1)
         .route("/health", get(info::health))
+        .route("/health/live", get(info::live))
+        .route("/health/ready", get(info::ready))
         .route("/metrics", get(info::metrics))
         .layer(DefaultBodyLimit::max(state.body_limit))
         .with_state(state)
+}
+
+/// A request that arrives while the server drains (on a connection already open) is refused
+/// with a 503 the client can retry elsewhere.
+async fn refuse_while_draining(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if state.lifecycle.draining() {
+        return ApiError::shutting_down().into_response();
+    }
+    next.run(request).await
 }
 
 async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {

@@ -12,6 +12,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::generate::{check_output, usage};
 use crate::serving::error::ApiError;
+use crate::serving::lifecycle::Lifecycle;
 use crate::serving::models::Served;
 use crate::serving::worker::{Event, Ticket};
 
@@ -46,6 +47,8 @@ pub(super) struct StreamHead {
     pub(super) model: String,
     pub(super) prompt_tokens: usize,
     pub(super) include_usage: bool,
+    /// Ends the stream (an error event and `[DONE]`) when a drain runs out of time.
+    pub(super) lifecycle: Arc<Lifecycle>,
 }
 
 /// Streams the tickets' updates as server-sent events: `opening` choices first, then
@@ -74,14 +77,24 @@ where
         let mut texts = vec![String::new(); n];
         let mut completion_tokens = 0;
         let mut open = n;
+        // Every way a stream ends sends `[DONE]` last; an ending other than the choices'
+        // finish sends an error event before it.
+        let fail = |error: ApiError| {
+            let _ = tx.send(sse(&error.body()));
+            let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+        };
         while open > 0 {
-            let Some((index, event)) = events.recv().await else { break };
+            let next = tokio::select! {
+                biased;
+                next = events.recv() => next,
+                _ = head.lifecycle.in_flight_ended() => return fail(ApiError::shutting_down()),
+            };
+            let Some((index, event)) = next else {
+                return fail(ApiError::internal("the engine dropped the request"));
+            };
             let update = match event {
                 Event::Update(u) => u,
-                Event::Failed(message) => {
-                    let _ = tx.send(sse(&ApiError::internal(message).body()));
-                    return;
-                }
+                Event::Failed(message) => return fail(ApiError::internal(message)),
             };
             completion_tokens += update.tokens.len();
             texts[index].push_str(&update.text);

@@ -80,6 +80,27 @@ impl ApiError {
         }
     }
 
+    /// 503 for a constraint plugin that cannot serve (quarantined, or failed to load).
+    pub fn plugin_unavailable(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("plugin_unavailable"),
+            retry_after: Some(10),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
+        }
+    }
+
+    /// 503 for a request refused, or ended, because the server is shutting down.
+    pub fn shutting_down() -> Self {
+        Self {
+            code: Some("server_shutting_down"),
+            retry_after: Some(1),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is shutting down; retry the request (on another replica)",
+            )
+        }
+    }
+
     /// 413.
     pub fn too_large(limit: usize) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is larger than the limit of {limit} bytes"))

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod error;
+pub mod lifecycle;
 pub mod metrics;
 pub mod models;
 pub mod state;
@@ -20,6 +21,7 @@ use dspark_host::plugin::registry::Registry;
 use dspark_host::plugin::{PluginRuntime, RuntimeConfig};
 
 use self::config::{EntryConfig, ModelEntry};
+use self::lifecycle::Lifecycle;
 use self::metrics::Metrics;
 use self::models::Models;
 use self::state::AppState;
@@ -44,6 +46,8 @@ pub struct ServeOptions {
     pub body_limit: usize,
     /// Keep plugin quarantines recorded by an earlier run (else they are lifted at start).
     pub persist_quarantine: bool,
+    /// How long a drain lets requests in flight finish (see [`lifecycle`]).
+    pub shutdown_timeout: Duration,
 }
 
 /// Default entry settings for `--model`.
@@ -96,7 +100,9 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
         metrics,
         api_key: options.api_key.clone(),
         body_limit: options.body_limit,
+        lifecycle: Arc::new(Lifecycle::new(options.shutdown_timeout)),
     });
+    let lifecycle = state.lifecycle.clone();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(options.addr)
@@ -104,10 +110,22 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {}", options.addr))?;
         tracing::info!("listening on http://{}", listener.local_addr()?);
         axum::serve(listener, router(state))
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
+            .with_graceful_shutdown(async move {
+                let signal = lifecycle::stop_signal().await;
+                let grace = lifecycle.grace();
+                tracing::info!(signal, grace_s = grace.as_secs_f64(), "draining: no new requests; those in flight may finish");
+                lifecycle.begin_drain();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = tokio::time::sleep(grace) => tracing::warn!("the grace period is over: ending the requests still in flight"),
+                        signal = lifecycle::stop_signal() => tracing::warn!(signal, "a second signal: ending the requests still in flight"),
+                    }
+                    lifecycle.end_in_flight();
+                });
             })
             .await
-            .context("the server failed")
+            .context("the server failed")?;
+        tracing::info!("every connection is closed; exiting");
+        Ok(())
     })
 }

@@ -99,6 +99,21 @@ impl Models {
         self.entries.read().unwrap_or_else(|e| e.into_inner()).values().all(|s| matches!(s, State::Ready(_)))
     }
 
+    /// Whether at least one entry is ready.
+    pub fn any_ready(&self) -> bool {
+        self.entries.read().unwrap_or_else(|e| e.into_inner()).values().any(|s| matches!(s, State::Ready(_)))
+    }
+
+    /// The ready entries whose engine thread has stopped (it could not restart after a panic).
+    pub fn stopped_engines(&self) -> Vec<String> {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries
+            .iter()
+            .filter(|(_, s)| matches!(s, State::Ready(served) if !served.worker.alive()))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Entries for `/v1/models`.
     pub fn list(&self) -> Vec<Value> {
         let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
@@ -157,7 +172,10 @@ impl Models {
     }
 
     fn load(&self, entry: ModelEntry, generation: u64) {
-        let result = self.build(&entry);
+        // A panic while loading (a hostile file, a bug) fails the entry instead of leaving it
+        // loading forever.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build(&entry)))
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("loading panicked: {}", panic_message(&panic))));
         let mut current = self.entries.write().unwrap_or_else(|e| e.into_inner());
         match current.get(&entry.name) {
             Some(State::Loading { generation: g, .. }) if *g == generation => {}
@@ -253,6 +271,15 @@ impl Models {
             }
         });
     }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use dspark_host::plugin::registry::Registry;
 
+use super::lifecycle::Lifecycle;
 use super::metrics::Metrics;
 use super::models::Models;
 
@@ -19,4 +20,6 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Largest request body in bytes.
     pub body_limit: usize,
+    /// Draining and shutdown.
+    pub lifecycle: Arc<Lifecycle>,
 }

@@ -5,10 +5,15 @@
 //! run one step, route each update to its client's channel. With nothing to do it blocks on
 //! the submission channel. Dropping every [`Worker`] handle ends the thread after its
 //! in-flight requests finish, which is how a reloaded entry retires its old engine.
+//!
+//! A panic inside the engine (a bug) must not take the entry down silently: the thread catches
+//! it, ends every request in flight with an error event, builds a fresh engine from the same
+//! weights and goes on serving. If the engine cannot be rebuilt the thread stops, and
+//! [`Worker::alive`] (behind `/health/live`) says so.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use dspark_host::engine::{
@@ -51,7 +56,21 @@ pub struct Worker {
     pub max_model_len: usize,
     /// This entry's series.
     pub metrics: Arc<ModelMetrics>,
+    /// Cleared when the engine thread stops.
+    alive: Arc<AtomicBool>,
 }
+
+/// Clears the alive flag when the engine thread ends, however it ends.
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Builds an engine: at start, and again after a panic.
+type EngineFactory = Box<dyn Fn() -> anyhow::Result<Box<dyn Engine>> + Send>;
 
 /// An admitted request: its events, and its place in the queue count until dropped.
 pub struct Ticket {
@@ -95,19 +114,48 @@ impl Worker {
             ..EngineConfig::default()
         };
         let vocab_size = model.config().vocab_size;
-        let engine = model.engine(tokenizer.clone(), &engine_config)?;
+        let factory_tokenizer = tokenizer.clone();
+        let make_engine: EngineFactory =
+            Box::new(move || model.clone().engine(factory_tokenizer.clone(), &engine_config));
+        Self::start(name, make_engine, tokenizer, vocab_size, max_model_len, config.max_queue, metrics)
+    }
+
+    /// Builds the first engine with `make_engine` (errors surface here) and starts the thread,
+    /// which calls `make_engine` again to restart after a panic.
+    fn start(
+        name: &str,
+        make_engine: EngineFactory,
+        tokenizer: Arc<ModelTokenizer>,
+        vocab_size: usize,
+        max_model_len: usize,
+        max_queue: usize,
+        metrics: Arc<ModelMetrics>,
+    ) -> anyhow::Result<Self> {
+        let engine = make_engine()?;
         let (tx, rx) = std::sync::mpsc::channel();
         let thread_metrics = metrics.clone();
-        std::thread::Builder::new().name(format!("engine-{name}")).spawn(move || run(engine, rx, thread_metrics))?;
+        let alive = Arc::new(AtomicBool::new(true));
+        let guard = AliveGuard(alive.clone());
+        let thread_name = format!("engine-{name}");
+        std::thread::Builder::new().name(thread_name.clone()).spawn(move || {
+            let _guard = guard;
+            run(&thread_name, engine, make_engine, rx, thread_metrics)
+        })?;
         Ok(Self {
             tx,
             in_flight: Arc::new(AtomicUsize::new(0)),
-            max_queue: config.max_queue,
+            max_queue,
             tokenizer,
             vocab_size,
             max_model_len,
             metrics,
+            alive,
         })
+    }
+
+    /// Whether the engine thread runs.
+    pub fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
     }
 
     /// Queues a request; fails with 429 when `max_queue` requests are in flight, and with 400
@@ -146,18 +194,57 @@ struct Client {
     generated: usize,
 }
 
-fn run(mut engine: Box<dyn Engine>, rx: std::sync::mpsc::Receiver<Submission>, metrics: Arc<ModelMetrics>) {
+/// The engine thread: serves until every [`Worker`] handle is gone, restarting the engine after
+/// a panic.
+fn run(
+    name: &str,
+    mut engine: Box<dyn Engine>,
+    make_engine: EngineFactory,
+    rx: std::sync::mpsc::Receiver<Submission>,
+    metrics: Arc<ModelMetrics>,
+) {
     let mut clients: HashMap<u64, Client> = HashMap::new();
+    loop {
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve(engine.as_mut(), &rx, &mut clients, &metrics)
+        }));
+        let Err(panic) = served else { return };
+        let message = format!(
+            "the engine panicked: {}; the request was ended and the engine restarted",
+            super::models::panic_message(&panic)
+        );
+        tracing::error!(engine = name, in_flight = clients.len(), "{message}");
+        for (_, client) in clients.drain() {
+            let _ = client.events.send(Event::Failed(message.clone()));
+            metrics.finish("error");
+        }
+        match make_engine() {
+            Ok(fresh) => engine = fresh,
+            Err(e) => {
+                tracing::error!(engine = name, "the engine cannot restart, the entry stops serving: {e:#}");
+                return;
+            }
+        }
+    }
+}
+
+/// Serves until the submission channel closes.
+fn serve(
+    engine: &mut dyn Engine,
+    rx: &std::sync::mpsc::Receiver<Submission>,
+    clients: &mut HashMap<u64, Client>,
+    metrics: &ModelMetrics,
+) {
     let mut seen = EngineStats::default();
     loop {
         if !engine.has_work() {
             match rx.recv() {
-                Ok(s) => admit(engine.as_mut(), &mut clients, s),
+                Ok(s) => admit(engine, clients, s),
                 Err(_) => return,
             }
         }
         while let Ok(s) = rx.try_recv() {
-            admit(engine.as_mut(), &mut clients, s);
+            admit(engine, clients, s);
         }
         // Clients that went away: cancel now, freeing their blocks.
         let gone: Vec<u64> = clients.iter().filter(|(_, c)| c.events.is_closed()).map(|(&id, _)| id).collect();
@@ -167,16 +254,16 @@ fn run(mut engine: Box<dyn Engine>, rx: std::sync::mpsc::Receiver<Submission>, m
             metrics.finish("abort");
         }
         if !engine.has_work() {
-            report(engine.as_ref(), &metrics, &mut seen);
+            report(engine, metrics, &mut seen);
             continue;
         }
         match engine.step() {
             Ok(updates) => {
                 // Gauges and counters first: a client that reads /metrics after its answer
                 // must find the step that produced it counted.
-                report(engine.as_ref(), &metrics, &mut seen);
+                report(engine, metrics, &mut seen);
                 for update in updates {
-                    deliver(engine.as_mut(), &mut clients, &metrics, update);
+                    deliver(engine, clients, metrics, update);
                 }
             }
             Err(e) => {
@@ -188,7 +275,7 @@ fn run(mut engine: Box<dyn Engine>, rx: std::sync::mpsc::Receiver<Submission>, m
                 }
             }
         }
-        report(engine.as_ref(), &metrics, &mut seen);
+        report(engine, metrics, &mut seen);
     }
 }
 
@@ -276,4 +363,98 @@ fn deliver(
     // A client gone by now missed only its last update; the sequence is finished either way.
     let _ = client.events.send(Event::Update(update));
     clients.remove(&id);
+}
+
+#[cfg(test)]
+mod tests {
+    use dspark_host::engine::scheduler::{Scheduler, SeqId};
+    use dspark_host::engine::{BackendChoice, load};
+
+    use super::*;
+    use crate::serving::metrics::Metrics;
+
+    /// A real engine with one injected fault: its first step panics, as a bug in the engine
+    /// would.
+    struct PanicsOnce {
+        inner: Box<dyn Engine>,
+        armed: Arc<AtomicBool>,
+    }
+
+    impl Engine for PanicsOnce {
+        fn add_request(&mut self, request: GenerationRequest) -> Result<SeqId, RequestError> {
+            self.inner.add_request(request)
+        }
+        fn cancel(&mut self, id: SeqId) -> bool {
+            self.inner.cancel(id)
+        }
+        fn step(&mut self) -> anyhow::Result<Vec<SequenceUpdate>> {
+            if self.armed.swap(false, Ordering::AcqRel) {
+                panic!("an injected engine fault");
+            }
+            self.inner.step()
+        }
+        fn has_work(&self) -> bool {
+            self.inner.has_work()
+        }
+        fn stats(&self) -> EngineStats {
+            self.inner.stats()
+        }
+        fn scheduler(&self) -> &Scheduler {
+            self.inner.scheduler()
+        }
+        fn tokenizer(&self) -> &Arc<ModelTokenizer> {
+            self.inner.tokenizer()
+        }
+        fn max_model_len(&self) -> usize {
+            self.inner.max_model_len()
+        }
+    }
+
+    async fn answer(worker: &Worker, prompt: Vec<u32>) -> Result<String, String> {
+        let mut request = GenerationRequest::new(prompt);
+        request.max_tokens = Some(4);
+        request.ignore_eos = true;
+        let mut ticket = worker.submit(request).await.map_err(|e| e.body().to_string())?;
+        let mut text = String::new();
+        while let Some(event) = ticket.events.recv().await {
+            match event {
+                Event::Update(u) => {
+                    text.push_str(&u.text);
+                    if u.finish.is_some() {
+                        return Ok(text);
+                    }
+                }
+                Event::Failed(message) => return Err(message),
+            }
+        }
+        Err("the events ended without a finish".into())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_engine_ends_its_requests_with_an_error_and_restarts() {
+        let (model, tokenizer) = load(BackendChoice::Cpu, &dspark_tests::smollm2()).unwrap();
+        let tokenizer = Arc::new(tokenizer);
+        let armed = Arc::new(AtomicBool::new(true));
+        let builds = Arc::new(AtomicUsize::new(0));
+        let (m, t, a, b) = (model.clone(), tokenizer.clone(), armed.clone(), builds.clone());
+        let make_engine: EngineFactory = Box::new(move || {
+            b.fetch_add(1, Ordering::Relaxed);
+            let inner = m.clone().engine(t.clone(), &EngineConfig::default())?;
+            Ok(Box::new(PanicsOnce { inner, armed: a.clone() }) as Box<dyn Engine>)
+        });
+        let metrics = Metrics::default().model("test");
+        let vocab = model.config().vocab_size;
+        let worker = Worker::start("test", make_engine, tokenizer.clone(), vocab, 512, 8, metrics).unwrap();
+        let prompt = tokenizer.encode("Count:").unwrap();
+
+        let failed = answer(&worker, prompt.clone()).await.unwrap_err();
+        assert_eq!(
+            failed,
+            "the engine panicked: an injected engine fault; the request was ended and the engine restarted"
+        );
+        assert!(worker.alive());
+        assert_eq!(builds.load(Ordering::Relaxed), 2, "a fresh engine was built");
+        let text = answer(&worker, prompt).await.expect("the restarted engine serves");
+        assert!(!text.is_empty());
+    }
 }
