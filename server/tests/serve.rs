@@ -217,6 +217,38 @@ fn structured_outputs_validate_and_stream() {
     assert!(metrics.contains(&format!("dspark_validation_failures_total{{model_name=\"{MODEL}\"}} 0")));
 }
 
+/// Several keys (flags and a key file), `Bearer` in any case, and `/metrics` behind the key
+/// when asked; the health probes stay open.
+#[test]
+fn api_keys_from_flags_and_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keys");
+    std::fs::write(&file, "# one per line\nfrom-file\n").unwrap();
+    let server = start(&[
+        "--api-key",
+        "first",
+        "--api-key",
+        "second",
+        "--api-key-file",
+        file.to_str().unwrap(),
+        "--metrics-require-key",
+    ]);
+    let addr = server.addr;
+    let models = |authorization: &str| http::send(addr, "GET", "/v1/models", &[("authorization", authorization)], b"");
+    for header in ["Bearer first", "bearer second", "BEARER from-file"] {
+        assert_eq!(models(header).status, 200, "{header}");
+    }
+    assert_error(&models("Bearer third"), 401, None, "Incorrect API key provided.");
+    assert_error(&models("Basic Zmlyc3Q="), 401, None, "Missing API key");
+    assert_error(&get(addr, "/metrics"), 401, None, "Missing API key");
+    let metrics = http::send(addr, "GET", "/metrics", &[("authorization", "Bearer first")], b"");
+    assert_eq!(metrics.status, 200);
+    assert!(metrics.body.contains("vllm:num_requests_running"));
+    for probe in ["/health", "/health/live", "/health/ready"] {
+        assert_eq!(get(addr, probe).status, 200, "{probe} needs no key");
+    }
+}
+
 #[test]
 fn errors_use_the_openai_shape_and_status() {
     let server = start(&["--max-model-len", "64", "--api-key", "sesame", "--max-body-bytes", "4096"]);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use dspark_host::plugin::RuntimeConfig;
 
+use crate::serving::auth::ApiKeys;
 use crate::serving::config::{EntryConfig, KvCacheDtype};
 use crate::serving::{ServeOptions, cli_entry};
 
@@ -28,9 +29,15 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    /// Require `Authorization: Bearer KEY` on the model routes (repeatable: any of the keys).
     #[arg(long, env = "DSPARK_API_KEY")]
-    api_key: Option<String>,
+    api_key: Vec<String>,
+    /// A file of accepted API keys, one per line (`#` comments and blank lines ignored).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Put `/metrics` behind the API key too.
+    #[arg(long)]
+    metrics_require_key: bool,
     /// Sequences running at once (for --model).
     #[arg(long, default_value_t = 16)]
     max_num_seqs: usize,
@@ -115,7 +122,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         addr,
         entries,
         config: args.config,
-        api_key: args.api_key.filter(|k| !k.is_empty()),
+        api_keys: ApiKeys::new(&args.api_key, args.api_key_file.as_deref())?,
+        metrics_require_key: args.metrics_require_key,
         plugins_dir: args.plugins_dir,
         state_dir: args.state_dir.unwrap_or_else(RuntimeConfig::default_state_dir),
         body_limit: args.max_body_bytes,

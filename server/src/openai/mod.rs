@@ -4,8 +4,8 @@
 //! `GET /v1/models`, `GET /v1/plugins`, `GET /health`, `GET /health/live`, `GET /health/ready`,
 //! `GET /metrics` ([`info`]), and vLLM's
 //! `POST /tokenize` and `POST /detokenize` ([`tokenize`]). With an API key, every model route
-//! requires `Authorization: Bearer KEY` (401 otherwise); `/health` and `/metrics` stay open for
-//! probes and scrapers, as in vLLM.
+//! requires `Authorization: Bearer KEY` with one of the keys ([`crate::serving::auth`]; 401
+//! otherwise); the health probes stay open, and `/metrics` too unless `--metrics-require-key`.
 //!
 //! Data flow: a handler reads the body ([`request`]: typed fields, OpenAI error bodies naming
 //! the field), turns the structure fields and tools into one host constraint request
@@ -33,6 +33,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::serving::auth::Verdict;
 use crate::serving::error::ApiError;
 use crate::serving::state::AppState;
 
@@ -48,12 +49,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .route_layer(middleware::from_fn_with_state(state.clone(), refuse_while_draining));
+    // vLLM leaves /metrics open for scrapers; `--metrics-require-key` puts it behind the key.
+    let mut metrics = Router::new().route("/metrics", get(info::metrics));
+    if state.metrics_require_key {
+        metrics = metrics.route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    }
     Router::new()
         .merge(v1)
+        .merge(metrics)
         .route("/health", get(info::health))
         .route("/health/live", get(info::live))
         .route("/health/ready", get(info::ready))
-        .route("/metrics", get(info::metrics))
         .layer(DefaultBodyLimit::max(state.body_limit))
         .with_state(state)
 }
@@ -68,15 +74,12 @@ async fn refuse_while_draining(State(state): State<Arc<AppState>>, request: Requ
 }
 
 async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    if let Some(key) = &state.api_key {
-        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        match given.and_then(|v| v.strip_prefix("Bearer ")) {
-            Some(k) if k.trim() == key => {}
-            Some(_) => return ApiError::unauthorized("Incorrect API key provided.").into_response(),
-            None => {
-                return ApiError::unauthorized("Missing API key: send `Authorization: Bearer <key>`.").into_response();
-            }
+    let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    match state.api_keys.check(given) {
+        Verdict::Allowed => next.run(request).await,
+        Verdict::Wrong => ApiError::unauthorized("Incorrect API key provided.").into_response(),
+        Verdict::Missing => {
+            ApiError::unauthorized("Missing API key: send `Authorization: Bearer <key>`.").into_response()
         }
     }
-    next.run(request).await
 }

@@ -3,6 +3,7 @@
 //! the metrics ([`metrics`]), the state the HTTP handlers share ([`state`]) and the OpenAI
 //! error body ([`error`]). The API itself is [`crate::openai`].
 
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod lifecycle;
@@ -20,6 +21,7 @@ use anyhow::Context;
 use dspark_host::plugin::registry::Registry;
 use dspark_host::plugin::{PluginRuntime, RuntimeConfig};
 
+use self::auth::ApiKeys;
 use self::config::{EntryConfig, ModelEntry};
 use self::lifecycle::Lifecycle;
 use self::metrics::Metrics;
@@ -36,8 +38,10 @@ pub struct ServeOptions {
     pub entries: Vec<ModelEntry>,
     /// A config file of entries, watched for changes.
     pub config: Option<PathBuf>,
-    /// Required bearer token.
-    pub api_key: Option<String>,
+    /// The accepted API keys.
+    pub api_keys: ApiKeys,
+    /// Whether `/metrics` needs a key too.
+    pub metrics_require_key: bool,
     /// The plugin registry directory.
     pub plugins_dir: PathBuf,
     /// Plugin runtime state directory.
@@ -98,7 +102,8 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
         models,
         registry,
         metrics,
-        api_key: options.api_key.clone(),
+        api_keys: options.api_keys.clone(),
+        metrics_require_key: options.metrics_require_key,
         body_limit: options.body_limit,
         lifecycle: Arc::new(Lifecycle::new(options.shutdown_timeout)),
     });
@@ -108,7 +113,17 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(options.addr)
             .await
             .with_context(|| format!("cannot listen on {}", options.addr))?;
-        tracing::info!("listening on http://{}", listener.local_addr()?);
+        let local = listener.local_addr()?;
+        if !local.ip().is_loopback() && state.api_keys.is_empty() {
+            tracing::warn!(
+                "listening on {local}, beyond this machine, without an API key: anyone who reaches it may use the \
+                 models (set --api-key or --api-key-file)"
+            );
+        }
+        if state.api_keys.required() {
+            tracing::info!(keys = state.api_keys.len(), metrics_require_key = state.metrics_require_key, "API keys required");
+        }
+        tracing::info!("listening on http://{local}");
         axum::serve(listener, router(state))
             .with_graceful_shutdown(async move {
                 let signal = lifecycle::stop_signal().await;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use dspark_host::plugin::registry::Registry;
 
+use super::auth::ApiKeys;
 use super::lifecycle::Lifecycle;
 use super::metrics::Metrics;
 use super::models::Models;
@@ -16,8 +17,10 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// All series.
     pub metrics: Arc<Metrics>,
-    /// Required bearer token, if any.
-    pub api_key: Option<String>,
+    /// The accepted API keys (none: no key required).
+    pub api_keys: ApiKeys,
+    /// Whether `/metrics` needs a key too.
+    pub metrics_require_key: bool,
     /// Largest request body in bytes.
     pub body_limit: usize,
     /// Draining and shutdown.
