@@ -26,7 +26,10 @@ pub struct CudaCheckArgs {
 
 /// Runs the checks; exit 0 only when every kernel is within tolerance.
 pub fn run(args: CudaCheckArgs) -> anyhow::Result<ExitCode> {
-    let dir = args.cache_dir.unwrap_or_else(|| RuntimeConfig::default_state_dir().join("cubin"));
+    let dir = match args.cache_dir {
+        Some(d) => d,
+        None => RuntimeConfig::default_state_dir()?.join("cubin"),
+    };
     if let (true, Some(arch)) = (args.compile_only, &args.arch) {
         let cache = dspark_host::engine::backend::cuda::nvrtc::CubinCache::new(&dir);
         let (cubin, cached) = cache.get_or_compile(dspark_host::engine::backend::cuda::KERNELS, arch)?;

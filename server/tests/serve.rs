@@ -238,6 +238,8 @@ fn api_keys_from_flags_and_a_file() {
     for header in ["Bearer first", "bearer second", "BEARER from-file"] {
         assert_eq!(models(header).status, 200, "{header}");
     }
+    // The model's file name, not where it lives on the server.
+    assert_eq!(models("Bearer first").json()["data"][0]["root"], "SmolLM2-135M-Instruct.Q4_1.gguf");
     assert_error(&models("Bearer third"), 401, None, "Incorrect API key provided.");
     assert_error(&models("Basic Zmlyc3Q="), 401, None, "Missing API key");
     assert_error(&get(addr, "/metrics"), 401, None, "Missing API key");

@@ -133,6 +133,36 @@ fn a_bad_update_keeps_the_last_good_version_serving() {
     assert_eq!(f.registry.list()[0].update_error, None);
 }
 
+/// Compiled components are native code loaded without compiling: their directory must be this
+/// user's own and closed to others.
+#[test]
+fn the_state_directory_is_closed_to_other_users() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    drop(PluginRuntime::new(RuntimeConfig::new(&state)).unwrap());
+    for d in [state.clone(), state.join("components"), state.join("quarantine")] {
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & 0o022, 0, "{} is writable by others: {mode:o}", d.display());
+    }
+    assert_eq!(std::fs::metadata(&state).unwrap().permissions().mode() & 0o777, 0o700);
+
+    // A directory of another user is refused (only root can make one to try it with).
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    match std::os::unix::fs::chown(&theirs, Some(4242), None) {
+        Ok(()) => {
+            let e = PluginRuntime::new(RuntimeConfig::new(&theirs)).err().expect("refused");
+            assert!(format!("{e:#}").contains("belongs to another user (uid 4242"), "{e:#}");
+        }
+        Err(e) => {
+            assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "only a lack of rights may stop this check")
+        }
+    }
+}
+
 #[test]
 fn watch_picks_up_a_new_plugin_without_a_restart() {
     let f = Fixture::new(&[], |_| {});

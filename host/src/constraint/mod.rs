@@ -28,7 +28,7 @@
 //! use dspark_host::plugin::{PluginRuntime, RuntimeConfig};
 //! use dspark_host::plugin::registry::Registry;
 //!
-//! let plugins = PluginRuntime::new(RuntimeConfig::new(RuntimeConfig::default_state_dir()))?;
+//! let plugins = PluginRuntime::new(RuntimeConfig::new(RuntimeConfig::default_state_dir()?))?;
 //! let registry = Registry::new("plugins", plugins)?;
 //! registry.scan();
 //! let (model, tokenizer) = load_model(CpuBackend::new(), "model.gguf".as_ref())?;

@@ -4,6 +4,13 @@
 //! `<architecture>.*` keys, the tokenizer under `tokenizer.ggml.*` and the chat template under
 //! `tokenizer.chat_template`. The header is parsed once by candle's reader; tensors are read
 //! one by one when the model is built, so peak memory is the model plus one tensor.
+//!
+//! A model file is untrusted input. candle's reader bounds every count and length by the file
+//! size; on top of it, a reader panic (an alignment of zero) becomes an error, and every
+//! tensor's element count and byte range is checked at open (no overflow, inside the file), so
+//! a hostile header can neither abort the process nor make a later read allocate more than
+//! the file holds. The model code then checks each tensor's shape against the
+//! hyper-parameters before any kernel touches it ([`GgufFile::check_shape`]).
 
 use std::fs::File;
 use std::io::BufReader;
@@ -25,10 +32,47 @@ impl GgufFile {
     /// Opens `path` and parses its header (metadata and tensor directory).
     pub fn open(path: &Path) -> anyhow::Result<Self> {
         let file = File::open(path).with_context(|| format!("cannot open model file {}", path.display()))?;
+        let file_len = file.metadata().map(|m| m.len()).unwrap_or(0);
         let mut reader = BufReader::new(file);
-        let content =
-            Content::read(&mut reader).map_err(|e| anyhow!("{} is not a readable GGUF file: {e}", path.display()))?;
+        let unreadable = |why: String| anyhow!("{} is not a readable GGUF file: {why}", path.display());
+        let content = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Content::read(&mut reader)))
+            .map_err(|_| unreadable("its header is malformed (the reader gave up)".into()))?
+            .map_err(|e| unreadable(e.to_string()))?;
+        for (name, info) in &content.tensor_infos {
+            let elems = info.shape.dims().iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+            let bytes = elems
+                .filter(|n| n.is_multiple_of(info.ggml_dtype.block_size()))
+                .and_then(|n| (n / info.ggml_dtype.block_size()).checked_mul(info.ggml_dtype.type_size()));
+            let end = bytes.and_then(|b| content.tensor_data_offset.checked_add(info.offset)?.checked_add(b as u64));
+            match end {
+                Some(end) if end <= file_len => {}
+                _ => {
+                    return Err(unreadable(format!(
+                        "tensor `{name}` of shape {:?} ({:?}) does not fit in the file",
+                        info.shape.dims(),
+                        info.ggml_dtype
+                    )));
+                }
+            }
+        }
         Ok(Self { path: path.to_path_buf(), content, reader })
+    }
+
+    /// Fails unless tensor `name` has exactly the shape `dims` (rows first, as the model
+    /// code indexes it): a file whose tensors disagree with its hyper-parameters is refused
+    /// before a kernel could read past a buffer.
+    pub fn check_shape(&self, name: &str, dims: &[usize]) -> anyhow::Result<()> {
+        let Some(info) = self.content.tensor_infos.get(name) else {
+            bail!("{}: tensor `{name}` is missing", self.path.display());
+        };
+        if info.shape.dims() != dims {
+            bail!(
+                "{}: tensor `{name}` has shape {:?}; the model's hyper-parameters need {dims:?}",
+                self.path.display(),
+                info.shape.dims()
+            );
+        }
+        Ok(())
     }
 
     /// The file's path.

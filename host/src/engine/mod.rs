@@ -49,5 +49,10 @@ pub fn load_model<B: Backend>(backend: B, path: &Path) -> anyhow::Result<(Model<
     let mut file = gguf::GgufFile::open(path)?;
     let tokenizer = ModelTokenizer::load(path, &file).with_context(|| format!("tokenizer of {}", path.display()))?;
     let model = Model::load(backend, &mut file)?;
+    // Every token id the tokenizer can produce must have an embedding row.
+    let (tokens, rows) = (tokenizer.tokenizer.table().vocab_size(), model.config().vocab_size);
+    if tokens > rows {
+        anyhow::bail!("{}: the tokenizer has {tokens} tokens but the embedding table only {rows} rows", path.display());
+    }
     Ok((model, tokenizer))
 }

@@ -84,19 +84,50 @@ impl RuntimeConfig {
     }
 
     /// The default state directory: `$DSPARK_STATE_DIR`, else `$XDG_CACHE_HOME/dspark`, else
-    /// `~/.cache/dspark`, else a folder under the system's temp directory.
-    pub fn default_state_dir() -> PathBuf {
+    /// `~/.cache/dspark`. There is no fallback under the system's temp directory: native code
+    /// is loaded from here, and a shared temp directory is where another user could plant it.
+    pub fn default_state_dir() -> anyhow::Result<PathBuf> {
         if let Some(d) = std::env::var_os("DSPARK_STATE_DIR") {
-            return PathBuf::from(d);
+            return Ok(PathBuf::from(d));
         }
         if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-            return PathBuf::from(d).join("dspark");
+            return Ok(PathBuf::from(d).join("dspark"));
         }
         if let Some(h) = std::env::var_os("HOME") {
-            return PathBuf::from(h).join(".cache").join("dspark");
+            return Ok(PathBuf::from(h).join(".cache").join("dspark"));
         }
-        std::env::temp_dir().join("dspark")
+        bail!("no state directory: set DSPARK_STATE_DIR (or HOME), or pass --state-dir")
     }
+}
+
+/// Makes sure `dir` is this user's own and closed to others (mode 0700 when anyone else could
+/// write there): the component cache in it is native code the runtime loads without
+/// compiling, so nobody else may be able to put a file there.
+fn secure_dir(dir: &Path) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+        // The owner of a file this process creates is this process's user.
+        let probe = dir.join(format!(".owner-probe-{}", std::process::id()));
+        std::fs::write(&probe, b"").with_context(|| format!("cannot write in {}", dir.display()))?;
+        let me = std::fs::metadata(&probe).map(|m| m.uid());
+        let _ = std::fs::remove_file(&probe);
+        let me = me.with_context(|| format!("cannot read {}", probe.display()))?;
+        if meta.uid() != me {
+            bail!(
+                "{} belongs to another user (uid {}, this process runs as uid {me}); compiled plugins are loaded only \
+                 from this user's own directory: choose another with --state-dir or DSPARK_STATE_DIR",
+                dir.display(),
+                meta.uid()
+            );
+        }
+        if meta.mode() & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("cannot close {} to other users", dir.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// The resource limits of one Store, which also records the most linear memory the guest
@@ -280,6 +311,10 @@ impl PluginRuntime {
         std::fs::create_dir_all(config.state_dir.join("components"))
             .with_context(|| format!("cannot create the state directory {}", config.state_dir.display()))?;
         std::fs::create_dir_all(config.state_dir.join("quarantine"))?;
+        for dir in [config.state_dir.clone(), config.state_dir.join("components"), config.state_dir.join("quarantine")]
+        {
+            secure_dir(&dir)?;
+        }
         let ticker_stop = Arc::new(AtomicBool::new(false));
         let clock = Arc::new(EpochClock::default());
         let runtime = Arc::new(Self { engine, linker, config, ticker_stop: ticker_stop.clone(), clock: clock.clone() });

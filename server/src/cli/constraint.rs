@@ -103,7 +103,10 @@ pub fn run(cmd: ConstraintCommand) -> anyhow::Result<ExitCode> {
                 if as_tools.is_some() { ("tool-call".into(), "tool-call".into()) } else { (plugin, kind) };
             return dspark_bench::maskbench::run(dspark_bench::maskbench::Args {
                 plugins_dir: runtime.plugins_dir,
-                state_dir: runtime.state_dir.unwrap_or_else(RuntimeConfig::default_state_dir),
+                state_dir: match runtime.state_dir {
+                    Some(d) => d,
+                    None => RuntimeConfig::default_state_dir()?,
+                },
                 plugin,
                 kind,
                 as_tools,

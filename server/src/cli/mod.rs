@@ -59,7 +59,10 @@ pub struct RuntimeArgs {
 impl RuntimeArgs {
     /// Starts a plugin runtime with these options.
     pub fn runtime(&self) -> anyhow::Result<Arc<PluginRuntime>> {
-        let state = self.state_dir.clone().unwrap_or_else(RuntimeConfig::default_state_dir);
+        let state = match &self.state_dir {
+            Some(d) => d.clone(),
+            None => RuntimeConfig::default_state_dir()?,
+        };
         PluginRuntime::new(RuntimeConfig::new(state))
     }
 }

@@ -125,7 +125,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         api_keys: ApiKeys::new(&args.api_key, args.api_key_file.as_deref())?,
         metrics_require_key: args.metrics_require_key,
         plugins_dir: args.plugins_dir,
-        state_dir: args.state_dir.unwrap_or_else(RuntimeConfig::default_state_dir),
+        state_dir: match args.state_dir {
+            Some(d) => d,
+            None => RuntimeConfig::default_state_dir()?,
+        },
         body_limit: args.max_body_bytes,
         persist_quarantine: args.persist_quarantine,
         shutdown_timeout: Duration::try_from_secs_f64(args.shutdown_timeout)

@@ -126,7 +126,7 @@ impl Models {
                     State::Failed { entry, message } => ("failed", entry, 0, None, Some(message.clone())),
                 };
                 json!({
-                    "id": name, "object": "model", "created": created, "owned_by": "dspark", "root": entry.path.display().to_string(),
+                    "id": name, "object": "model", "created": created, "owned_by": "dspark", "root": entry.path.file_name().map(|f| f.to_string_lossy().into_owned()),
                     "max_model_len": max_len,
                     "dspark": {"status": status, "dspark": entry.config.dspark, "batch_invariant": entry.config.batch_invariant, "error": error},
                 })

@@ -65,22 +65,43 @@ pub struct Llama<B: Backend> {
     rope: RopeTable,
 }
 
+/// Every tensor's shape against the hyper-parameters (rows first).
+fn check_shapes(file: &GgufFile, c: &DecoderConfig) -> anyhow::Result<()> {
+    let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+    file.check_shape("token_embd.weight", &[c.vocab_size, c.hidden])?;
+    file.check_shape("output_norm.weight", &[c.hidden])?;
+    if file.has_tensor("output.weight") {
+        file.check_shape("output.weight", &[c.vocab_size, c.hidden])?;
+    }
+    for n in 0..c.layers {
+        let blk = |name: &str| format!("blk.{n}.{name}");
+        for (name, dims) in [
+            ("attn_q.weight", [q, c.hidden]),
+            ("attn_k.weight", [kv, c.hidden]),
+            ("attn_v.weight", [kv, c.hidden]),
+            ("attn_output.weight", [c.hidden, q]),
+            ("ffn_gate.weight", [c.intermediate, c.hidden]),
+            ("ffn_up.weight", [c.intermediate, c.hidden]),
+            ("ffn_down.weight", [c.hidden, c.intermediate]),
+        ] {
+            file.check_shape(&blk(name), &dims)?;
+        }
+        file.check_shape(&blk("attn_norm.weight"), &[c.hidden])?;
+        file.check_shape(&blk("ffn_norm.weight"), &[c.hidden])?;
+        if c.qkv_bias {
+            file.check_shape(&blk("attn_q.bias"), &[q])?;
+            file.check_shape(&blk("attn_k.bias"), &[kv])?;
+            file.check_shape(&blk("attn_v.bias"), &[kv])?;
+        }
+    }
+    Ok(())
+}
+
 impl<B: Backend> Llama<B> {
     /// Loads the weights described by `config` from `file`.
     pub fn load(backend: B, file: &mut GgufFile, config: DecoderConfig, max_positions: usize) -> anyhow::Result<Self> {
-        if config.heads == 0
-            || config.kv_heads == 0
-            || !config.heads.is_multiple_of(config.kv_heads)
-            || !config.head_dim.is_multiple_of(2)
-        {
-            bail!(
-                "{}: unsupported attention geometry ({} heads, {} kv heads, head_dim {})",
-                file.path().display(),
-                config.heads,
-                config.kv_heads,
-                config.head_dim
-            );
-        }
+        config.check().map_err(|why| anyhow::anyhow!("{}: {why}", file.path().display()))?;
+        check_shapes(file, &config)?;
         let embedding = backend.matrix(file.tensor("token_embd.weight")?)?;
         let mut blocks = Vec::with_capacity(config.layers);
         for n in 0..config.layers {

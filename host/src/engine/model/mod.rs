@@ -66,7 +66,7 @@ impl DecoderConfig {
             Some(v) => v as usize,
             None => file.strings("tokenizer.ggml.tokens")?.len(),
         };
-        Ok(Self {
+        let config = Self {
             architecture: arch.to_string(),
             vocab_size,
             hidden,
@@ -83,7 +83,46 @@ impl DecoderConfig {
             rope_layout,
             qkv_bias,
             context_length: file.opt_u32(&key("context_length"))?.unwrap_or(default_context) as usize,
-        })
+        };
+        config.check().map_err(|why| anyhow::anyhow!("{}: {why}", file.path().display()))?;
+        Ok(config)
+    }
+
+    /// Refuses hyper-parameters no real model has, before they size an allocation: each
+    /// within a bound well above today's largest models, the attention geometry consistent,
+    /// and the RoPE table (head_dim x context floats) under 1 GiB.
+    pub fn check(&self) -> Result<(), String> {
+        let bounded = [
+            ("embedding_length", self.hidden, 1 << 16),
+            ("feed_forward_length", self.intermediate, 1 << 20),
+            ("block_count", self.layers, 1 << 10),
+            ("attention.head_count", self.heads, 1 << 10),
+            ("attention.head_count_kv", self.kv_heads, 1 << 10),
+            ("rope.dimension_count", self.head_dim, 1 << 10),
+            ("vocab_size", self.vocab_size, 1 << 22),
+            ("context_length", self.context_length, 1 << 24),
+        ];
+        for (key, value, max) in bounded {
+            if value == 0 || value > max {
+                return Err(format!("`{key}` is {value}; it must be from 1 to {max}"));
+            }
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) || !self.head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "unsupported attention geometry ({} heads, {} kv heads, head_dim {})",
+                self.heads, self.kv_heads, self.head_dim
+            ));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(format!("rms epsilon {} and rope base {} must be positive", self.rms_eps, self.rope_theta));
+        }
+        if self.head_dim.saturating_mul(self.context_length) > 1 << 28 {
+            return Err(format!(
+                "a RoPE table for {} positions of {} dimensions is over 1 GiB; the context length is not plausible",
+                self.context_length, self.head_dim
+            ));
+        }
+        Ok(())
     }
 }
 
