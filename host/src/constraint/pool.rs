@@ -23,6 +23,11 @@ pub type CompiledKey = (String, String, String);
 /// Most compiled constraints kept per instance; past it an instance drops them all.
 pub const COMPILED_PER_INSTANCE: usize = 64;
 
+/// Most idle instances kept per plugin and model. Instances in use are bounded by the requests
+/// a model admits (each sequence holds one); past this many, a returned instance is dropped,
+/// so a burst does not leave hundreds of megabytes of linear memory behind.
+pub const IDLE_INSTANCES: usize = 8;
+
 /// Most path trees kept per plugin and model.
 pub const PATH_TREES: usize = 256;
 
@@ -81,9 +86,13 @@ impl PluginPool {
         Ok(Pooled { instance, compiled: HashMap::new() })
     }
 
-    /// Returns an instance that is in a good state.
+    /// Returns an instance that is in a good state (dropped when [`IDLE_INSTANCES`] wait
+    /// already).
     pub fn give_back(&self, pooled: Pooled) {
-        lock(&self.idle).push(pooled);
+        let mut idle = lock(&self.idle);
+        if idle.len() < IDLE_INSTANCES {
+            idle.push(pooled);
+        }
     }
 
     /// The path tree of a compiled constraint, created empty on first use.

@@ -9,6 +9,7 @@ use dspark_host::plugin::RuntimeConfig;
 
 use crate::serving::auth::ApiKeys;
 use crate::serving::config::{EntryConfig, KvCacheDtype};
+use crate::serving::listener::Limits;
 use crate::serving::{ServeOptions, cli_entry};
 
 /// The default model, fetched by `scripts/fetch-assets.sh`.
@@ -82,9 +83,27 @@ pub struct ServeArgs {
     /// error event and `[DONE]` for streams); the process then exits 0.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
+    /// Open connections at most; more wait to be accepted.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Seconds a client has to send a request's head; also the longest an idle keep-alive
+    /// connection stays open.
+    #[arg(long, default_value_t = 30.0)]
+    header_timeout: f64,
+    /// Seconds a client has to send a request's body (408 after).
+    #[arg(long, default_value_t = 60.0)]
+    body_timeout: f64,
+    /// Send CORS headers allowing this origin (repeatable; `*` for any). Off by default.
+    #[arg(long)]
+    cors_allow_origin: Vec<String>,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 8 << 20)]
     max_body_bytes: usize,
+}
+
+/// `value` seconds of a flag, refused when negative or not a number.
+fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| anyhow::anyhow!("{flag} {value} is not a number of seconds"))
 }
 
 /// Runs `dspark serve`.
@@ -131,7 +150,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         body_limit: args.max_body_bytes,
         persist_quarantine: args.persist_quarantine,
-        shutdown_timeout: Duration::try_from_secs_f64(args.shutdown_timeout)
-            .map_err(|_| anyhow::anyhow!("--shutdown-timeout {} is not a number of seconds", args.shutdown_timeout))?,
+        shutdown_timeout: seconds("--shutdown-timeout", args.shutdown_timeout)?,
+        limits: Limits {
+            max_connections: args.max_connections,
+            header_timeout: seconds("--header-timeout", args.header_timeout)?,
+            body_timeout: seconds("--body-timeout", args.body_timeout)?,
+        },
+        cors_origins: args.cors_allow_origin,
     })
 }

@@ -138,11 +138,14 @@ pub(super) async fn chat(state: Arc<AppState>, body: Result<Bytes, BytesRejectio
     let scored_prompt = resolved.prompt_logprobs.map(|_| prompt.clone());
     let id = request_id("chatcmpl");
     tracing::info!(request_id = %id, model = %request.model, prompt_tokens = prompt.len(), n = resolved.n, stream = resolved.stream, constraint = ?spec.as_ref().map(|s| s.kind()), "chat completion");
+    // Room in the queue first, then the (possibly costly) constraints.
+    let mut reservation = served.worker.reserve(resolved.n, "n")?;
     let constraints = constraints(&state, &served, &spec, resolved.n).await?;
     let validator = output_validator(&spec);
     let prompt_tokens = prompt.len();
     let bad_words = bad_word_tokens(&served, &resolved.bad_words)?;
-    let tickets = submit(&served, prompt, &resolved, &bad_words, constraints, resolved.prompt_logprobs).await?;
+    let tickets =
+        submit(&served, &mut reservation, prompt, &resolved, &bad_words, constraints, resolved.prompt_logprobs).await?;
     let created = unix_now();
     if resolved.stream {
         let head = StreamHead {

@@ -22,8 +22,21 @@ use crate::serving::error::ApiError;
 use crate::serving::models::Served;
 use crate::serving::state::AppState;
 
+/// The most prompts one completions request may batch (each is tokenised before the request
+/// takes its room in the queue).
+pub(super) const MAX_PROMPTS: usize = 256;
+
 /// The prompts of a completions request: a string, strings, token ids, or lists of ids.
 pub(super) fn completion_prompts(served: &Served, prompt: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
+    if let Value::Array(items) = prompt
+        && items.len() > MAX_PROMPTS
+        && !items.iter().all(Value::is_number)
+    {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("`prompt` batches {} prompts; at most {MAX_PROMPTS} are accepted per request", items.len()),
+        ));
+    }
     let tokenizer = &served.worker.tokenizer;
     let encode = |text: &str| tokenizer.encode(text).map_err(|e| ApiError::internal(format!("{e:#}")));
     let ids = |items: &[Value]| -> Option<Vec<u32>> {
@@ -191,10 +204,14 @@ pub(super) async fn complete(state: Arc<AppState>, body: Result<Bytes, BytesReje
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let validator = output_validator(&spec);
     let bad_words = bad_word_tokens(&served, &resolved.bad_words)?;
+    // Room in the queue for every sequence first, then the (possibly costly) constraints.
+    let mut reservation = served.worker.reserve(prompts.len() * resolved.n, "n")?;
     let mut tickets = Vec::new();
     for prompt in &prompts {
         let constraints = constraints(&state, &served, &spec, resolved.n).await?;
-        tickets.extend(submit(&served, prompt.clone(), &resolved, &bad_words, constraints, scoring).await?);
+        tickets.extend(
+            submit(&served, &mut reservation, prompt.clone(), &resolved, &bad_words, constraints, scoring).await?,
+        );
     }
     // The prompt of choice `index` (choices come `n` to a prompt, in prompt order).
     let n = resolved.n;

@@ -21,7 +21,7 @@ use crate::serving::error::ApiError;
 use crate::serving::lifecycle::Lifecycle;
 use crate::serving::models::Served;
 use crate::serving::state::AppState;
-use crate::serving::worker::{Event, Ticket};
+use crate::serving::worker::{Event, Reservation, Ticket};
 
 pub(super) fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -52,8 +52,17 @@ pub(super) async fn constraints(
     n: usize,
 ) -> Result<Vec<Option<Box<dyn SequenceConstraint>>>, ApiError> {
     let Some(spec) = spec.clone() else { return Ok((0..n).map(|_| None).collect()) };
+    // At most so many compilations at once; the rest wait their turn here, holding only
+    // their place in the queue.
+    let permit = state
+        .compile_permits
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::internal("the compilation limiter is closed"))?;
     let (state, served) = (state.clone(), served.clone());
     tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         (0..n)
             .map(|_| {
                 let built = served
@@ -80,6 +89,7 @@ pub(super) async fn constraints(
 /// with that many alternatives per token.
 pub(super) async fn submit(
     served: &Served,
+    reservation: &mut Reservation,
     prompt: Vec<u32>,
     resolved: &Resolved,
     bad_words: &[Vec<u32>],
@@ -104,7 +114,7 @@ pub(super) async fn submit(
             constraint,
             prompt_logprobs,
         };
-        tickets.push(served.worker.submit(request).await?);
+        tickets.push(served.worker.submit(request, reservation).await?);
     }
     Ok(tickets)
 }

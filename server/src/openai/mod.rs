@@ -32,6 +32,9 @@ use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::trace::TraceLayer;
 
 use crate::serving::auth::Verdict;
 use crate::serving::error::ApiError;
@@ -47,6 +50,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         // vLLM serves these beside /v1; here they take the API key like the model routes.
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), read_body_in_time))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .route_layer(middleware::from_fn_with_state(state.clone(), refuse_while_draining));
     // vLLM leaves /metrics open for scrapers; `--metrics-require-key` puts it behind the key.
@@ -54,14 +58,64 @@ pub fn router(state: Arc<AppState>) -> Router {
     if state.metrics_require_key {
         metrics = metrics.route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     }
-    Router::new()
+    let router = Router::new()
         .merge(v1)
         .merge(metrics)
         .route("/health", get(info::health))
         .route("/health/live", get(info::live))
         .route("/health/ready", get(info::ready))
         .layer(DefaultBodyLimit::max(state.body_limit))
-        .with_state(state)
+        // A handler that panics answers a 500 in the OpenAI shape; the server goes on.
+        .layer(CatchPanicLayer::custom(|panic: Box<dyn std::any::Any + Send>| {
+            let message = crate::serving::models::panic_message(&panic);
+            tracing::error!("a request handler panicked: {message}");
+            ApiError::internal(format!("the server failed on this request: {message}")).into_response()
+        }))
+        .layer(TraceLayer::new_for_http());
+    let router = match cors(&state.cors_origins) {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    router.with_state(state)
+}
+
+/// The CORS policy of `--cors-allow-origin` (none when no origin is given).
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| header::HeaderValue::from_str(o).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]),
+    )
+}
+
+/// Reads the whole request body within the body timeout (408 after it) and the body limit
+/// (413): a client that trickles its body cannot hold a handler.
+async fn read_body_in_time(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(state.body_timeout, axum::body::to_bytes(body, state.body_limit)).await {
+        Err(_) => {
+            ApiError::timeout(format!("the request body did not arrive within {} s", state.body_timeout.as_secs_f64()))
+                .into_response()
+        }
+        Ok(Err(e)) => {
+            let over_limit = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if over_limit {
+                ApiError::too_large(state.body_limit).into_response()
+            } else {
+                ApiError::bad_request(format!("cannot read the request body: {e}")).into_response()
+            }
+        }
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+    }
 }
 
 /// A request that arrives while the server drains (on a connection already open) is refused

@@ -101,6 +101,11 @@ impl ApiError {
         }
     }
 
+    /// 408 for a request that did not arrive in time.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, message)
+    }
+
     /// 413.
     pub fn too_large(limit: usize) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is larger than the limit of {limit} bytes"))

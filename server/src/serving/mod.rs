@@ -7,6 +7,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod lifecycle;
+pub mod listener;
 pub mod metrics;
 pub mod models;
 pub mod state;
@@ -52,11 +53,20 @@ pub struct ServeOptions {
     pub persist_quarantine: bool,
     /// How long a drain lets requests in flight finish (see [`lifecycle`]).
     pub shutdown_timeout: Duration,
+    /// Connection limits and timeouts (see [`listener`]).
+    pub limits: listener::Limits,
+    /// Origins allowed by CORS (`*` for any); none: no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 /// Default entry settings for `--model`.
 pub fn cli_entry(name: String, path: PathBuf, config: EntryConfig) -> ModelEntry {
     ModelEntry { name, path, config }
+}
+
+/// Constraint compilations run at once: one per CPU, at least two.
+fn compile_concurrency() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()).max(2)
 }
 
 /// Starts the server and serves until interrupted.
@@ -105,7 +115,10 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
         api_keys: options.api_keys.clone(),
         metrics_require_key: options.metrics_require_key,
         body_limit: options.body_limit,
+        body_timeout: options.limits.body_timeout,
+        cors_origins: options.cors_origins.clone(),
         lifecycle: Arc::new(Lifecycle::new(options.shutdown_timeout)),
+        compile_permits: Arc::new(tokio::sync::Semaphore::new(compile_concurrency())),
     });
     let lifecycle = state.lifecycle.clone();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -124,22 +137,22 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
             tracing::info!(keys = state.api_keys.len(), metrics_require_key = state.metrics_require_key, "API keys required");
         }
         tracing::info!("listening on http://{local}");
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(async move {
-                let signal = lifecycle::stop_signal().await;
-                let grace = lifecycle.grace();
-                tracing::info!(signal, grace_s = grace.as_secs_f64(), "draining: no new requests; those in flight may finish");
-                lifecycle.begin_drain();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = tokio::time::sleep(grace) => tracing::warn!("the grace period is over: ending the requests still in flight"),
-                        signal = lifecycle::stop_signal() => tracing::warn!(signal, "a second signal: ending the requests still in flight"),
-                    }
-                    lifecycle.end_in_flight();
-                });
-            })
-            .await
-            .context("the server failed")?;
+        let limits = options.limits;
+        listener::serve(listener, router(state), limits, async move {
+            let signal = lifecycle::stop_signal().await;
+            let grace = lifecycle.grace();
+            tracing::info!(signal, grace_s = grace.as_secs_f64(), "draining: no new requests; those in flight may finish");
+            lifecycle.begin_drain();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(grace) => tracing::warn!("the grace period is over: ending the requests still in flight"),
+                    signal = lifecycle::stop_signal() => tracing::warn!(signal, "a second signal: ending the requests still in flight"),
+                }
+                lifecycle.end_in_flight();
+            });
+        })
+        .await
+        .context("the server failed")?;
         tracing::info!("every connection is closed; exiting");
         Ok(())
     })

@@ -23,6 +23,12 @@ pub struct AppState {
     pub metrics_require_key: bool,
     /// Largest request body in bytes.
     pub body_limit: usize,
+    /// Time a client has to send a request body.
+    pub body_timeout: std::time::Duration,
+    /// Origins allowed by CORS (`*`: any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
+    /// Constraint compilations allowed at once (each takes a blocking thread and a CPU).
+    pub compile_permits: Arc<tokio::sync::Semaphore>,
     /// Draining and shutdown.
     pub lifecycle: Arc<Lifecycle>,
 }

@@ -158,17 +158,31 @@ impl Worker {
         self.alive.load(Ordering::Acquire)
     }
 
-    /// Queues a request; fails with 429 when `max_queue` requests are in flight, and with 400
-    /// when the engine refuses it (e.g. a prompt longer than `max_model_len`).
-    pub async fn submit(&self, request: GenerationRequest) -> Result<Ticket, ApiError> {
-        let count = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-        let slot = Slot(self.in_flight.clone());
+    /// Takes room in the queue for `count` sequences, before anything costly (constraint
+    /// compilation) is done for them: 429 when the queue is full, 400 when `count` could never
+    /// fit.
+    pub fn reserve(&self, count: usize, field: &str) -> Result<Reservation, ApiError> {
         if count > self.max_queue {
+            return Err(ApiError::invalid(
+                field,
+                format!("this request asks for {count} sequences; this model runs at most {} at once", self.max_queue),
+            ));
+        }
+        let total = self.in_flight.fetch_add(count, Ordering::AcqRel) + count;
+        let slots: Vec<Slot> = (0..count).map(|_| Slot(self.in_flight.clone())).collect();
+        if total > self.max_queue {
             return Err(ApiError::overloaded(format!(
                 "{} requests are already queued or running for this model; retry later",
                 self.max_queue
             )));
         }
+        Ok(Reservation { slots })
+    }
+
+    /// Queues a request in a place `reservation` holds; fails with 400 when the engine refuses
+    /// it (e.g. a prompt longer than `max_model_len`).
+    pub async fn submit(&self, request: GenerationRequest, reservation: &mut Reservation) -> Result<Ticket, ApiError> {
+        let slot = reservation.slots.pop().ok_or_else(|| ApiError::internal("no place was reserved for a sequence"))?;
         let (events, receiver) = mpsc::unbounded_channel();
         let (admitted, admission) = oneshot::channel();
         let prompt_tokens = request.prompt.len();
@@ -184,6 +198,11 @@ impl Worker {
             Err(_) => Err(ApiError::unavailable("the model's engine has stopped")),
         }
     }
+}
+
+/// Places in a model's queue, taken by [`Worker::reserve`] and given back as they drop.
+pub struct Reservation {
+    slots: Vec<Slot>,
 }
 
 struct Client {
@@ -414,7 +433,8 @@ mod tests {
         let mut request = GenerationRequest::new(prompt);
         request.max_tokens = Some(4);
         request.ignore_eos = true;
-        let mut ticket = worker.submit(request).await.map_err(|e| e.body().to_string())?;
+        let mut reservation = worker.reserve(1, "n").map_err(|e| e.body().to_string())?;
+        let mut ticket = worker.submit(request, &mut reservation).await.map_err(|e| e.body().to_string())?;
         let mut text = String::new();
         while let Some(event) = ticket.events.recv().await {
             match event {
