@@ -2,12 +2,15 @@
 //!
 //! Subcommands: `serve` (the OpenAI-compatible server: [`openai`] speaks the API, [`serving`]
 //! runs the model entries), `generate` (one prompt through the engine, optionally
-//! constrained), `plugins list|validate` (the plugin registry), `constraint check` (drive a
-//! real constraint plugin in wasmtime without a model), and the benchmarks and diagnostics of
+//! constrained), `plugins list|validate|new|build|unquarantine` (the plugin registry, and a
+//! plugin author's scaffold and build), `constraint check` (drive a real constraint plugin in
+//! wasmtime without a model), `fuzz` (the parsers of untrusted input, see [`fuzz`]), and the
+//! benchmarks and diagnostics of
 //! the `dspark-bench` crate: `constraint maskbench`, `engine-bench`, `bench` (a load generator
 //! for any OpenAI-compatible server) and `cuda-check`.
 
 mod cli;
+mod fuzz;
 mod openai;
 mod serving;
 

@@ -54,6 +54,8 @@ pub struct Terminal {
     pub nullable: bool,
     /// Whether it matches any text at all.
     pub productive: bool,
+    /// The states from which a match is still reachable: a terminal's walk never leaves them.
+    pub live: dspark_guest::dfa::LiveStates,
 }
 
 /// The compiled grammar.
@@ -360,8 +362,10 @@ fn build_dfa(pattern: &str, pos: Pos) -> Result<Terminal, CompileError> {
     })?;
     let (dfa, start) = (built.dfa, built.start);
     let nullable = dfa.is_match_state(dfa.next_eoi_state(start));
-    let productive = dspark_guest::dfa::matches_some_text(&dfa, start);
-    Ok(Terminal { dfa, start: start.as_u32(), nullable, productive })
+    let live = dspark_guest::dfa::live_states(&dfa, start)
+        .ok_or_else(|| CompileError::large(Some(pos), "a terminal's automaton has too many states".to_string()))?;
+    let productive = live.is_live(start);
+    Ok(Terminal { dfa, start: start.as_u32(), nullable, productive, live })
 }
 
 /// Compiles a grammar.

@@ -398,9 +398,11 @@ impl GrammarRecognizer {
     }
 
     fn dfa_step(&self, t: u32, s: u32, b: u8) -> Option<u32> {
-        let dfa = &self.g.dfas[t as usize].dfa;
-        let next = dfa.next_state(StateID::new_unchecked(s as usize), b);
-        (!dfa.is_dead_state(next) && !dfa.is_quit_state(next)).then(|| next.as_u32())
+        let terminal = &self.g.dfas[t as usize];
+        let next = terminal.dfa.next_state(StateID::new_unchecked(s as usize), b);
+        // Any state from which the terminal can no longer match is a dead end, not only
+        // regex-automata's dead state.
+        terminal.live.is_live(next).then(|| next.as_u32())
     }
 
     fn dfa_accepts(&self, t: u32, s: u32) -> bool {

@@ -316,3 +316,15 @@ fn bytes_of_one_class_step_alike() {
         }
     }
 }
+
+/// Found by fuzzing the regex plugin, which shares the automata: a terminal branch that can
+/// never match (`no^`) must not be entered, or the walk is at a dead end after `n`.
+#[test]
+fn a_terminal_branch_that_can_never_match_is_no_way_in() {
+    for (kind, grammar) in [("lark", "start: /(yes|no^)/ \"!\"\n"), ("gbnf", "root ::= [a-z] \"b\" | \"x\"\n")] {
+        let rec = compile_recognizer(kind, grammar).unwrap();
+        dspark_guest::testing::assert_no_dead_ends(&rec, 8);
+    }
+    let rec = compile_recognizer("lark", "start: /(yes|no^)/\n").unwrap();
+    assert!(rec.matches(b"yes") && !rec.matches(b"no"));
+}

@@ -357,13 +357,31 @@ pub struct Graph {
     /// after `^` failed); only live states may be entered, and under `maxLength` only those
     /// close enough to a match, so that no prefix the mask allows is a dead end.
     pub live: Vec<std::sync::Arc<LiveTable>>,
+    /// For strings under two automata (a `pattern` and a `format`), the pairs of states from
+    /// which *both* can still reach a match together: each may be live alone while no text
+    /// satisfies the two (`^[a-z]+$` with `date-time`), and entering such a pair is a dead end.
+    pub pairs: std::collections::HashMap<(u32, u32), std::sync::Arc<PairLive>>,
     /// The root.
     pub root: NodeId,
     /// Property order.
     pub order: PropertyOrder,
 }
 
+/// The live state pairs of two automata run side by side (see [`Graph::pairs`]).
+#[derive(Debug, Default)]
+pub struct PairLive {
+    /// Pairs of state ids from which some text leads both automata to a match.
+    pub live: std::collections::HashSet<(u32, u32)>,
+}
+
 impl Graph {
+    /// Whether states `st` of automata `p` can still reach a match together (true where the
+    /// pair has no table: one automaton, or a product too large to tabulate).
+    #[inline]
+    pub fn pair_live(&self, p: [u32; 2], st: [u32; 2]) -> bool {
+        self.pairs.get(&(p[0], p[1])).is_none_or(|t| t.live.contains(&(st[0], st[1])))
+    }
+
     /// Whether state `st` of automaton `p` can still reach a match.
     #[inline]
     pub fn live(&self, p: u32, st: u32) -> bool {

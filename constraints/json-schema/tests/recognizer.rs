@@ -870,3 +870,50 @@ fn email_local_parts_are_dot_atoms() {
         &[r#"".a@example.com""#, r#""a.@example.com""#, r#""a..b@example.com""#, r#""@example.com""#],
     );
 }
+
+/// Found by fuzzing: a `pattern` and a `format` that no string satisfies together were each
+/// live alone, so after the opening quote no character was allowed. Two automata on one
+/// string are now walked as a pair: the schema that admits nothing is refused, and where
+/// they agree only on some texts, no prefix outside those is entered.
+#[test]
+fn a_pattern_and_a_format_are_walked_together() {
+    let never = r#"{"type": "string", "pattern": "^[a-z]{2,5}-\\d+$", "format": "date-time"}"#;
+    let e = compile_recognizer("json-schema", never, "{}").err().expect("no string satisfies both");
+    assert!(e.message.starts_with("the schema admits no value"), "{}", e.message);
+
+    let some = r#"{"type": "string", "pattern": "^(2024|abcd)", "format": "date"}"#;
+    let (rec, _) = compile_recognizer("json-schema", some, "{}").unwrap();
+    assert!(rec.matches(br#""2024-02-29""#));
+    assert!(!rec.matches(br#""abcd-01-01""#) && !rec.matches(br#""2023-01-01""#));
+    dspark_guest::testing::assert_no_dead_ends(&rec, 14);
+    // Entering `"a` would be a dead end: the date format has no letters.
+    let mut state = rec.start();
+    state = rec.advance(&state, b'"').unwrap();
+    assert!(rec.advance(&state, b'a').is_none() && rec.advance(&state, b'2').is_some());
+}
+
+/// Found by fuzzing: a pattern whose shortest match is longer than `maxLength` admits no
+/// string; it was compiled, and the walk stopped dead after the opening quote.
+#[test]
+fn a_pattern_longer_than_max_length_admits_nothing() {
+    let never = r#"{"type": "string", "maxLength": 5, "pattern": "^a(bc){3}$"}"#;
+    let e = compile_recognizer("json-schema", never, "{}").err().expect("no string fits");
+    assert!(e.message.starts_with("the schema admits no value"), "{}", e.message);
+    let fits = r#"{"type": "string", "maxLength": 7, "pattern": "^a(bc){3}$"}"#;
+    let (rec, _) = compile_recognizer("json-schema", fits, "{}").unwrap();
+    assert!(rec.matches(br#""abcbcbc""#));
+    dspark_guest::testing::assert_no_dead_ends(&rec, 12);
+}
+
+/// Found by fuzzing: a pattern that needs a control character the writer only spells as a
+/// `\u` escape (which it does not write under a pattern) admits no string it can write.
+#[test]
+fn a_pattern_that_needs_an_unwritable_character_admits_nothing() {
+    let never = r#"{"type": "string", "pattern": "^[a-z]{2,5}-\\an"}"#;
+    let e = compile_recognizer("json-schema", never, "{}").err().expect("nothing writable matches");
+    assert!(e.message.starts_with("the schema admits no value"), "{}", e.message);
+    let either = r#"{"type": "string", "pattern": "^(a\\x01|b)$"}"#;
+    let (rec, _) = compile_recognizer("json-schema", either, "{}").unwrap();
+    dspark_guest::testing::assert_no_dead_ends(&rec, 6);
+    assert!(rec.matches(br#""b""#));
+}

@@ -23,6 +23,8 @@ pub const MAX_PATTERN_BYTES: usize = 64 * 1024;
 pub struct RegexRecognizer {
     dfa: dense::DFA<Vec<u32>>,
     start: StateID,
+    /// The states from which a match is still reachable: `advance` never leaves them.
+    live: dspark_guest::dfa::LiveStates,
 }
 
 impl RegexRecognizer {
@@ -47,8 +49,11 @@ impl RegexRecognizer {
             }
         })?;
         let (dfa, start) = (built.dfa, built.start);
-        let recognizer = Self { dfa, start };
-        if !dspark_guest::dfa::matches_some_text(&recognizer.dfa, recognizer.start) {
+        let live = dspark_guest::dfa::live_states(&dfa, start).ok_or_else(|| {
+            ConstraintError::new(ErrorCode::TooLarge, "cannot compile the regex: its automaton has too many states")
+        })?;
+        let recognizer = Self { dfa, start, live };
+        if !recognizer.live.is_live(start) {
             return Err(ConstraintError::new(
                 ErrorCode::InvalidSource,
                 "the regex matches no text at all, so no output could satisfy it",
@@ -80,7 +85,8 @@ impl Recognizer for RegexRecognizer {
     #[inline]
     fn advance(&self, state: &StateID, byte: u8) -> Option<StateID> {
         let next = self.dfa.next_state(*state, byte);
-        (!self.dfa.is_dead_state(next) && !self.dfa.is_quit_state(next)).then_some(next)
+        // Not only regex-automata's dead state: any state from which no match is reachable.
+        self.live.is_live(next).then_some(next)
     }
 
     #[inline]
@@ -108,6 +114,27 @@ mod tests {
         let table = Arc::new(TokenTable::byte_level_for_tests(&["ab", "abc", "12", "-0", "00"]));
         let c = RegexPlugin.compile("regex", pattern, "{}", &table).unwrap();
         (table, c)
+    }
+
+    /// Found by the fuzzer: nested counted repetitions multiply the NFA past any budget; the
+    /// build stops at the size limit instead of running for minutes.
+    #[test]
+    fn nested_counted_repetitions_are_too_large_not_slow() {
+        let pattern = format!("\\d{{3}}-\\d{{4}}{}", "{4}".repeat(14));
+        let e = RegexRecognizer::new(&pattern).err().expect("refused");
+        assert_eq!(e.code, ErrorCode::TooLarge, "{}", e.message);
+    }
+
+    /// Found by the fuzzer: `no^` can never match, so after `n` nothing could follow; the
+    /// recogniser must not take `n` at all.
+    #[test]
+    fn a_branch_that_can_never_match_is_no_way_in() {
+        let (_, c) = compile("(yes|no^)");
+        let mask = c.new_matcher().compute_mask().unwrap();
+        assert!(mask.allows(b'y' as u32) && !mask.allows(b'n' as u32));
+        for pattern in ["(yes|no^)", "a(b|c$d)e", "(x(?-u:\\b)y|x)"] {
+            dspark_guest::testing::assert_no_dead_ends(&RegexRecognizer::new(pattern).unwrap(), 8);
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod authoring;
 mod constraint;
+mod fuzz;
 mod generate;
 mod plugins;
 mod serve;
@@ -39,6 +40,9 @@ enum Command {
     /// Load-test an OpenAI-compatible server (ours, llama.cpp, vLLM) with structured-output
     /// workloads, optionally against a second target.
     Bench(dspark_bench::load::BenchArgs),
+    /// Fuzz a parser of untrusted input (schemas, grammars, regexes, GGUF, requests, tool
+    /// calls) from its seed corpus; exit 1 on a crash, saving the input.
+    Fuzz(fuzz::FuzzArgs),
     /// Run every CUDA kernel on a GPU against its CPU reference (needs an NVIDIA driver and
     /// NVRTC on LD_LIBRARY_PATH; scripts/gpu-check.sh runs it).
     CudaCheck(dspark_bench::cuda_check::CudaCheckArgs),
@@ -77,5 +81,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Generate(a) => generate::run(a).map(|()| ExitCode::SUCCESS),
         Command::Bench(a) => dspark_bench::load::run(a).map(|()| ExitCode::SUCCESS),
         Command::CudaCheck(a) => dspark_bench::cuda_check::run(a),
+        Command::Fuzz(a) => fuzz::run(a),
     }
 }

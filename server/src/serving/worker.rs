@@ -472,9 +472,9 @@ mod tests {
             failed,
             "the engine panicked: an injected engine fault; the request was ended and the engine restarted"
         );
-        assert!(worker.alive());
-        assert_eq!(builds.load(Ordering::Relaxed), 2, "a fresh engine was built");
         let text = answer(&worker, prompt).await.expect("the restarted engine serves");
         assert!(!text.is_empty());
+        assert!(worker.alive());
+        assert_eq!(builds.load(Ordering::Relaxed), 2, "a fresh engine was built");
     }
 }

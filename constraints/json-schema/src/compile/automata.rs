@@ -9,7 +9,7 @@ use dspark_guest::{ConstraintError, ErrorCode};
 use regex_automata::dfa::dense;
 
 use super::{Compiler, err};
-use crate::graph::LiveTable;
+use crate::graph::{LiveTable, PairLive};
 
 impl<'a> Compiler<'a> {
     /// Whether some text matches the compiled pattern `index`: its start state is live.
@@ -20,6 +20,76 @@ impl<'a> Compiler<'a> {
         // No start state would have failed the build; count it as "may match" all the same.
         dfa.start_state(&anchored)
             .map_or(true, |start| live.dist.get(start.as_usize() >> live.stride2).is_some_and(|&d| d != u32::MAX))
+    }
+
+    /// The pairs of states of automata `a` and `b` from which some text leads both to a match
+    /// (see [`Graph::pairs`](crate::graph::Graph::pairs)); `None` when more than 100,000
+    /// pairs are reachable, where the string is served with each automaton's own liveness.
+    pub(super) fn pair_live(&self, a: u32, b: u32) -> Option<PairLive> {
+        use regex_automata::dfa::Automaton;
+        let (da, db) = (&self.dfas[a as usize], &self.dfas[b as usize]);
+        let start = |d: &dense::DFA<Vec<u32>>| {
+            let cfg = regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes);
+            d.start_state(&cfg).ok()
+        };
+        let first = (start(da)?, start(db)?);
+        let mut index = HashMap::from([(first, 0usize)]);
+        let mut order = vec![first];
+        let mut preds: Vec<Vec<usize>> = vec![Vec::new()];
+        let mut i = 0;
+        while i < order.len() {
+            let (sa, sb) = order[i];
+            for byte in (0..=255u8).filter(|&b| writable(b)) {
+                let (na, nb) = (da.next_state(sa, byte), db.next_state(sb, byte));
+                if !self.live_in(a, na.as_u32()) || !self.live_in(b, nb.as_u32()) {
+                    continue;
+                }
+                let j = match index.get(&(na, nb)) {
+                    Some(&j) => j,
+                    None => {
+                        if order.len() >= 100_000 {
+                            return None;
+                        }
+                        order.push((na, nb));
+                        preds.push(Vec::new());
+                        index.insert((na, nb), order.len() - 1);
+                        order.len() - 1
+                    }
+                };
+                preds[j].push(i);
+            }
+            i += 1;
+        }
+        let accepts = |d: &dense::DFA<Vec<u32>>, s| d.is_match_state(d.next_eoi_state(s));
+        let mut live = vec![false; order.len()];
+        let mut pending: Vec<usize> =
+            (0..order.len()).filter(|&k| accepts(da, order[k].0) && accepts(db, order[k].1)).collect();
+        pending.iter().for_each(|&k| live[k] = true);
+        while let Some(k) = pending.pop() {
+            for &p in &preds[k] {
+                if !live[p] {
+                    live[p] = true;
+                    pending.push(p);
+                }
+            }
+        }
+        let pairs = (0..order.len()).filter(|&k| live[k]).map(|k| (order[k].0.as_u32(), order[k].1.as_u32()));
+        Some(PairLive { live: pairs.collect() })
+    }
+
+    /// Whether state `st` of automaton `p` can still reach a match.
+    fn live_in(&self, p: u32, st: u32) -> bool {
+        let live = &self.live[p as usize];
+        live.dist.get(st as usize >> live.stride2).is_some_and(|&d| d != u32::MAX)
+    }
+
+    /// The fewest characters a text matching pattern `index` has (`None`: it matches none).
+    pub(super) fn pattern_min_chars(&self, index: u32) -> Option<u32> {
+        use regex_automata::dfa::Automaton;
+        let (dfa, live) = (&self.dfas[index as usize], &self.live[index as usize]);
+        let anchored = regex_automata::util::start::Config::new().anchored(regex_automata::Anchored::Yes);
+        let start = dfa.start_state(&anchored).ok()?;
+        live.char_dist.get(start.as_usize() >> live.stride2).copied().filter(|&d| d != u32::MAX)
     }
 
     /// Whether pattern automaton `d` matches `text` whole (search patterns match anywhere).
@@ -143,6 +213,14 @@ pub(super) fn build_automaton(
     Ok((dfa, live))
 }
 
+/// Whether a string's writer can produce decoded byte `b` under a pattern: every byte but the
+/// control characters, which JSON writes escaped, and of those only the ones with a short
+/// escape (`\b`, `\t`, `\n`, `\f`, `\r`), since `\u` escapes are not written under a pattern
+/// (see the string recogniser). A pattern that needs another control character is no way on.
+fn writable(b: u8) -> bool {
+    b >= 0x20 || matches!(b, 0x08 | 0x09 | 0x0A | 0x0C | 0x0D)
+}
+
 /// The states of `dfa` from which a match at the end of input is reachable (None when the
 /// automaton has more than 100,000 states).
 pub(super) fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<LiveTable> {
@@ -159,7 +237,7 @@ pub(super) fn live_states(dfa: &dense::DFA<Vec<u32>>) -> Option<LiveTable> {
     let mut i = 0;
     while i < order.len() {
         let s = order[i];
-        for b in 0..=255u8 {
+        for b in (0..=255u8).filter(|&b| writable(b)) {
             let n = dfa.next_state(s, b);
             if dfa.is_dead_state(n) || dfa.is_quit_state(n) {
                 continue;
@@ -241,7 +319,6 @@ pub(super) fn every_live_state_infinite(
 ) -> bool {
     use regex_automata::dfa::Automaton;
     let live = |k: usize| dist[order[k].as_usize() >> stride2] != u32::MAX;
-    let writable = |b: u8| b >= 0x20 || matches!(b, 0x08 | 0x09 | 0x0A | 0x0C | 0x0D);
     let mut successors: Vec<Vec<u32>> = vec![Vec::new(); order.len()];
     let mut predecessors: Vec<Vec<u32>> = vec![Vec::new(); order.len()];
     for (k, &st) in order.iter().enumerate().filter(|&(k, _)| live(k)) {
@@ -320,7 +397,7 @@ pub(super) fn safe_states(
                 bad[node] = true;
                 continue;
             }
-            for b in 0..=255u8 {
+            for b in (0..=255u8).filter(|&b| writable(b)) {
                 let Some(next_step) = step.next(b) else { continue };
                 let next = dfa.next_state(st, b);
                 let target = (!dfa.is_dead_state(next) && !dfa.is_quit_state(next) && live(next))

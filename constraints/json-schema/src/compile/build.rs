@@ -580,9 +580,24 @@ impl<'a> Compiler<'a> {
         for (p, search, at) in sources {
             patterns.push(self.dfa(&p, search, &at)?);
         }
-        // Nothing: the lengths contradict, or a pattern matches no text at all.
-        if min_len > max_len || patterns.iter().any(|&p| !self.pattern_matches_some_text(p)) {
+        // Nothing: the lengths contradict, a pattern matches no text at all, or none short
+        // enough for `maxLength`.
+        if min_len > max_len
+            || patterns.iter().any(|&p| !self.pattern_matches_some_text(p))
+            || patterns.iter().any(|&p| self.pattern_min_chars(p).is_none_or(|n| n > max_len))
+        {
             return Ok(NEVER);
+        }
+        // Two automata: they must be able to match the same text, and the walk may only
+        // enter pairs of states from which they still can.
+        if let [a, b] = patterns[..]
+            && let Some(table) = self.pair_live(a, b)
+        {
+            let empty = table.live.is_empty();
+            self.pairs.insert((a, b), std::sync::Arc::new(table));
+            if empty {
+                return Ok(NEVER);
+            }
         }
         Ok(self.push(Node::String(StringNode { min_len, max_len, patterns })))
     }

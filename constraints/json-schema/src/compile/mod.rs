@@ -66,8 +66,8 @@ use regex_automata::dfa::dense;
 use serde_json::{Map, Value};
 
 use crate::graph::{
-    ANY, ArrayNode, Graph, KeyTrie, LiteralTrie, LiveTable, Node, NodeId, NumberNode, ObjectNode, PropertyOrder,
-    StringNode,
+    ANY, ArrayNode, Graph, KeyTrie, LiteralTrie, LiveTable, Node, NodeId, NumberNode, ObjectNode, PairLive,
+    PropertyOrder, StringNode,
 };
 
 mod automata;
@@ -196,6 +196,8 @@ pub struct Compiler<'a> {
     literals: Vec<LiteralTrie>,
     dfas: Vec<Arc<dense::DFA<Vec<u32>>>>,
     live: Vec<Arc<LiveTable>>,
+    /// Live state pairs of automata used together on one string.
+    pairs: HashMap<(u32, u32), Arc<PairLive>>,
     /// Arrays with `uniqueItems: true` and their pointers, decided at the end.
     unique_arrays: Vec<(NodeId, String)>,
     dfa_cache: HashMap<(String, bool), u32>,
@@ -233,6 +235,7 @@ impl<'a> Compiler<'a> {
             literals: Vec::new(),
             dfas: Vec::new(),
             live: Vec::new(),
+            pairs: HashMap::new(),
             unique_arrays: Vec::new(),
             dfa_cache: HashMap::new(),
             refs: HashMap::new(),
@@ -299,7 +302,15 @@ impl<'a> Compiler<'a> {
             .at(w.location.clone()));
         }
         Ok((
-            Graph { nodes: self.nodes, literals: self.literals, dfas: self.dfas, live: self.live, root, order },
+            Graph {
+                nodes: self.nodes,
+                literals: self.literals,
+                dfas: self.dfas,
+                live: self.live,
+                pairs: self.pairs,
+                root,
+                order,
+            },
             self.warnings,
         ))
     }
@@ -322,7 +333,7 @@ impl<'a> Compiler<'a> {
         } else {
             ANY
         };
-        Graph { nodes: c.nodes, literals: c.literals, dfas: c.dfas, live: c.live, root, order }
+        Graph { nodes: c.nodes, literals: c.literals, dfas: c.dfas, live: c.live, pairs: c.pairs, root, order }
     }
 
     fn build_any(&mut self) {

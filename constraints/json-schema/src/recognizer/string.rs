@@ -75,6 +75,12 @@ impl SchemaRecognizer {
                     return;
                 }
             }
+            // Two automata must still be able to match the same text.
+            if let [a, b] = s.patterns[..]
+                && !g.pair_live([a, b], dfa)
+            {
+                return;
+            }
         }
         let len = if s.min_len > 0 || s.max_len < u32::MAX { len } else { 0 };
         stack.push(Frame::Str { node, len, chars: next_chars, dfa, text });
@@ -97,11 +103,14 @@ impl SchemaRecognizer {
     /// `\n`, `\r`, `\t`) keeps every pattern alive from `dfa`.
     pub(crate) fn some_escape_survives(&self, patterns: &[u32], dfa: [u32; 2]) -> bool {
         [b'"', b'\\', 0x08, 0x0C, b'\n', b'\r', b'\t'].iter().any(|&byte| {
-            patterns.iter().enumerate().take(2).all(|(k, &p)| {
+            let mut next = dfa;
+            let each = patterns.iter().enumerate().take(2).all(|(k, &p)| {
                 let d = &self.graph.dfas[p as usize];
                 let st = d.next_state(StateID::new(dfa[k] as usize).unwrap_or(StateID::ZERO), byte);
+                next[k] = st.as_u32();
                 self.graph.live(p, st.as_u32())
-            })
+            });
+            each && (patterns.len() < 2 || self.graph.pair_live([patterns[0], patterns[1]], next))
         })
     }
 
