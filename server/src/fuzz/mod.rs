@@ -21,6 +21,9 @@ use anyhow::{Context, bail};
 
 pub use targets::{TARGETS, Target};
 
+/// The most inputs kept in memory (seeds and mutants).
+const MAX_CORPUS: usize = 4096;
+
 /// What a run found.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -182,7 +185,13 @@ pub fn run(
         match outcome {
             Ok(class) => {
                 if classes.insert(class) && i > seeds {
-                    corpus.push(input);
+                    if corpus.len() < MAX_CORPUS {
+                        corpus.push(input);
+                    } else {
+                        // Full: a new find replaces a kept mutant, never a seed.
+                        let slot = seeds + rng.below(corpus.len() - seeds);
+                        corpus[slot] = input;
+                    }
                 }
             }
             Err(panic) => {

@@ -167,10 +167,11 @@ fn text(input: &[u8]) -> String {
     String::from_utf8_lossy(input).into_owned()
 }
 
-/// The first words of an error: a class that does not grow with the input.
+/// The first words of an error, digits folded: a class that does not grow with the input.
 fn class(prefix: &str, error: impl std::fmt::Display) -> String {
     let words: Vec<String> = error.to_string().split_whitespace().take(4).map(str::to_string).collect();
-    format!("{prefix}: {}", words.join(" "))
+    let text: String = words.join(" ").chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect();
+    format!("{prefix}: {text}")
 }
 
 /// Drives a matcher of `compiled` as the host does, choosing among the allowed tokens by a
@@ -228,7 +229,9 @@ fn regex(input: &[u8]) -> String {
 }
 
 fn gguf(input: &[u8]) -> String {
-    let Ok(dir) = tempfile::tempdir() else { return "no temp dir".into() };
+    // One file, rewritten each run: its path (in every error) stays the same, so classes do.
+    static DIR: std::sync::OnceLock<Option<tempfile::TempDir>> = std::sync::OnceLock::new();
+    let Some(dir) = DIR.get_or_init(|| tempfile::tempdir().ok()) else { return "no temp dir".into() };
     let path = dir.path().join("fuzz.gguf");
     if std::fs::write(&path, input).is_err() {
         return "not written".into();
