@@ -479,6 +479,24 @@ fn config_edits_reload_models_while_requests_run() {
         assert!(Instant::now() < deadline, "model b was not removed");
         std::thread::sleep(Duration::from_millis(100));
     }
+
+    // An edit that cannot load (a missing file) leaves the working configuration serving,
+    // and /v1/models says why; every request meanwhile is answered.
+    let missing = dir.path().join("missing.gguf");
+    std::fs::write(&config, entry("a", &missing, "    max_model_len: 512\n")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert_eq!(ask("a", 1).status, 200, "the previous configuration serves during and after the edit");
+        let models = get(addr, "/v1/models").json();
+        let a = models["data"].as_array().unwrap().iter().find(|m| m["id"] == "a").unwrap().clone();
+        if let Some(error) = a["dspark"]["error"].as_str() {
+            assert!(error.contains("missing.gguf"), "{error}");
+            assert_eq!((a["dspark"]["status"].as_str(), a["max_model_len"].as_u64()), (Some("ready"), Some(1024)));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the failed edit was not reported: {models}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// SmolLM2's chat template has no tool syntax: the server describes the tools in a system

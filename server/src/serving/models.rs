@@ -3,9 +3,11 @@
 //! Each entry is `Loading`, `Ready` (a worker thread with its engine) or `Failed` (the load
 //! error, reported as 503). Applying a new list of entries (at start, and whenever the config
 //! file changes) keeps unchanged entries running, loads new and changed ones in the
-//! background, and drops removed ones. A changed entry answers 503 "model X is loading" until
-//! its new engine is ready; requests already running on the old engine finish there, since
-//! they hold the old worker until they end.
+//! background, and drops removed ones. A changed entry keeps answering on its previous engine
+//! until the new one is ready, then switches (requests already running on the old engine
+//! finish there, since they hold the old worker until they end); an edit that fails to load
+//! leaves the previous configuration serving and says why in `/v1/models`. Only an entry
+//! with nothing to serve yet (new, or failed before) answers 503 "model X is loading".
 //!
 //! Weights are shared by file: two entries naming the same GGUF (say one with `dspark: true`
 //! and one with `false`) hold one copy of the model in memory, each with its own KV cache.
@@ -56,9 +58,23 @@ pub struct Served {
 }
 
 enum State {
-    Loading { generation: u64, entry: ModelEntry },
-    Ready(Arc<Served>),
-    Failed { entry: ModelEntry, message: String },
+    /// Loading `entry`; `serving` is the engine of the entry's previous configuration, which
+    /// answers until the new one is ready (an edit never makes a served model unavailable).
+    Loading {
+        generation: u64,
+        entry: ModelEntry,
+        serving: Option<Arc<Served>>,
+    },
+    /// Serving; `reload_error` says why the latest edit did not load (the previous
+    /// configuration keeps serving).
+    Ready {
+        served: Arc<Served>,
+        reload_error: Option<String>,
+    },
+    Failed {
+        entry: ModelEntry,
+        message: String,
+    },
 }
 
 /// All entries.
@@ -86,7 +102,9 @@ impl Models {
         let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
         match entries.get(name) {
             None => Err(ApiError::model_not_found(name)),
-            Some(State::Ready(s)) => Ok(s.clone()),
+            Some(State::Ready { served, .. }) | Some(State::Loading { serving: Some(served), .. }) => {
+                Ok(served.clone())
+            }
             Some(State::Loading { .. }) => Err(ApiError::loading(name)),
             Some(State::Failed { message, .. }) => {
                 Err(ApiError::unavailable(format!("model {name} failed to load: {message}")))
@@ -96,12 +114,13 @@ impl Models {
 
     /// Whether every entry is ready.
     pub fn all_ready(&self) -> bool {
-        self.entries.read().unwrap_or_else(|e| e.into_inner()).values().all(|s| matches!(s, State::Ready(_)))
+        self.entries.read().unwrap_or_else(|e| e.into_inner()).values().all(|s| matches!(s, State::Ready { .. }))
     }
 
     /// Whether at least one entry is ready.
     pub fn any_ready(&self) -> bool {
-        self.entries.read().unwrap_or_else(|e| e.into_inner()).values().any(|s| matches!(s, State::Ready(_)))
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries.values().any(|s| matches!(s, State::Ready { .. } | State::Loading { serving: Some(_), .. }))
     }
 
     /// The ready entries whose engine thread has stopped (it could not restart after a panic).
@@ -109,7 +128,7 @@ impl Models {
         let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
         entries
             .iter()
-            .filter(|(_, s)| matches!(s, State::Ready(served) if !served.worker.alive()))
+            .filter(|(_, s)| matches!(s, State::Ready { served, .. } if !served.worker.alive()))
             .map(|(name, _)| name.clone())
             .collect()
     }
@@ -121,7 +140,12 @@ impl Models {
             .iter()
             .map(|(name, state)| {
                 let (status, entry, created, max_len, error) = match state {
-                    State::Ready(s) => ("ready", &s.entry, s.created, Some(s.worker.max_model_len), None),
+                    State::Ready { served: s, reload_error } => {
+                        ("ready", &s.entry, s.created, Some(s.worker.max_model_len), reload_error.clone())
+                    }
+                    State::Loading { serving: Some(s), .. } => {
+                        ("reloading", &s.entry, s.created, Some(s.worker.max_model_len), None)
+                    }
                     State::Loading { entry, .. } => ("loading", entry, 0, None, None),
                     State::Failed { entry, message } => ("failed", entry, 0, None, Some(message.clone())),
                 };
@@ -144,7 +168,7 @@ impl Models {
             current.retain(|name, _| names.contains(name));
             for entry in entries {
                 let unchanged = match current.get(&entry.name) {
-                    Some(State::Ready(s)) => s.entry == entry,
+                    Some(State::Ready { served, .. }) => served.entry == entry,
                     Some(State::Loading { entry: e, .. }) => *e == entry,
                     _ => false,
                 };
@@ -159,7 +183,13 @@ impl Models {
                 tracing::info!(model = %entry.name, path = %entry.path.display(), dspark = entry.config.dspark, "loading model");
                 // The old engine is dropped with its entry; requests running on it hold their own
                 // handle and finish there.
-                current.insert(entry.name.clone(), State::Loading { generation, entry: entry.clone() });
+                let serving = match current.get(&entry.name) {
+                    Some(State::Ready { served, .. }) | Some(State::Loading { serving: Some(served), .. }) => {
+                        Some(served.clone())
+                    }
+                    _ => None,
+                };
+                current.insert(entry.name.clone(), State::Loading { generation, entry: entry.clone(), serving });
                 let this = self.clone();
                 loads.push(std::thread::spawn(move || this.load(entry, generation)));
             }
@@ -177,18 +207,22 @@ impl Models {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build(&entry)))
             .unwrap_or_else(|panic| Err(anyhow::anyhow!("loading panicked: {}", panic_message(&panic))));
         let mut current = self.entries.write().unwrap_or_else(|e| e.into_inner());
-        match current.get(&entry.name) {
-            Some(State::Loading { generation: g, .. }) if *g == generation => {}
+        let previous = match current.get(&entry.name) {
+            Some(State::Loading { generation: g, serving, .. }) if *g == generation => serving.clone(),
             _ => return, // superseded by a newer edit
-        }
-        let state = match result {
-            Ok(served) => {
+        };
+        let state = match (result, previous) {
+            (Ok(served), _) => {
                 // `auto` depends on the CPU, and answers on the cache type: say which it is.
                 let kv_cache_dtype = format!("{:?}", entry.config.kv_cache_dtype.resolve()).to_lowercase();
                 tracing::info!(model = %entry.name, kv_cache_dtype, "model ready");
-                State::Ready(Arc::new(served))
+                State::Ready { served: Arc::new(served), reload_error: None }
             }
-            Err(e) => {
+            (Err(e), Some(served)) => {
+                tracing::error!(model = %entry.name, "the edited entry failed to load; the previous configuration keeps serving: {e:#}");
+                State::Ready { served, reload_error: Some(format!("{e:#}")) }
+            }
+            (Err(e), None) => {
                 tracing::error!(model = %entry.name, "model failed to load: {e:#}");
                 State::Failed { entry: entry.clone(), message: format!("{e:#}") }
             }
