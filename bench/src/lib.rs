@@ -17,3 +17,4 @@ pub mod cuda_check;
 pub mod engine_bench;
 pub mod load;
 pub mod maskbench;
+pub mod rng;

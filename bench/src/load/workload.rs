@@ -47,24 +47,7 @@ pub struct Prompt {
     pub key: &'static str,
 }
 
-/// splitmix64: a small, fast, well-mixed generator; the prompts depend on nothing else.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<'a>(&mut self, items: &'a [&'a str]) -> &'a str {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
+use crate::rng::SplitMix64 as Rng;
 
 const PRODUCTS: &[&str] = &[
     "Wireless Mouse",

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use dspark_bench::rng::SplitMix64 as Rng;
 
 pub use targets::{TARGETS, Target};
 
@@ -37,51 +38,39 @@ pub struct Report {
     pub crash: Option<(PathBuf, String)>,
 }
 
-/// A small, fast, seedable generator (SplitMix64): the fuzzer needs no cryptographic quality.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
-    }
+/// A draw below `n`.
+fn below(rng: &mut Rng, n: usize) -> usize {
+    rng.below(n as u64) as usize
 }
 
 /// One mutation of `input`, drawing on `corpus` for splices and `dictionary` for tokens.
 fn mutate(rng: &mut Rng, input: &[u8], corpus: &[Vec<u8>], dictionary: &[&[u8]], max_len: usize) -> Vec<u8> {
     let mut out = input.to_vec();
-    for _ in 0..1 + rng.below(4) {
-        let at = rng.below(out.len() + 1);
-        match rng.below(9) {
+    for _ in 0..1 + below(rng, 4) {
+        let at = below(rng, out.len() + 1);
+        match below(rng, 9) {
             0 if !out.is_empty() => {
-                let i = rng.below(out.len());
-                out[i] ^= 1 << rng.below(8);
+                let i = below(rng, out.len());
+                out[i] ^= 1 << below(rng, 8);
             }
             1 if !out.is_empty() => {
-                let i = rng.below(out.len());
-                out[i] = rng.next() as u8;
+                let i = below(rng, out.len());
+                out[i] = rng.next_u64() as u8;
             }
             2 if !out.is_empty() => {
-                let end = (at + 1 + rng.below(16)).min(out.len());
+                let end = (at + 1 + below(rng, 16)).min(out.len());
                 out.drain(at.min(end)..end);
             }
             3 => {
-                let word = dictionary.get(rng.below(dictionary.len())).copied().unwrap_or(b"");
+                let word = dictionary.get(below(rng, dictionary.len())).copied().unwrap_or(b"");
                 out.splice(at..at, word.iter().copied());
             }
             4 if !out.is_empty() => {
                 // Repeat a chunk many times: deep nesting, long runs.
-                let start = rng.below(out.len());
-                let end = (start + 1 + rng.below(8)).min(out.len());
+                let start = below(rng, out.len());
+                let end = (start + 1 + below(rng, 8)).min(out.len());
                 let chunk = out[start..end].to_vec();
-                let times = [2, 16, 256, 4096][rng.below(4)];
+                let times = [2, 16, 256, 4096][below(rng, 4)];
                 for _ in 0..times {
                     out.splice(end..end, chunk.iter().copied());
                     if out.len() > max_len {
@@ -90,25 +79,25 @@ fn mutate(rng: &mut Rng, input: &[u8], corpus: &[Vec<u8>], dictionary: &[&[u8]],
                 }
             }
             5 if !corpus.is_empty() => {
-                let other = &corpus[rng.below(corpus.len())];
-                let from = rng.below(other.len() + 1);
+                let other = &corpus[below(rng, corpus.len())];
+                let from = below(rng, other.len() + 1);
                 out.truncate(at);
                 out.extend_from_slice(&other[from..]);
             }
             6 => {
                 // An interesting number in text.
-                let n = ["0", "-1", "4294967295", "18446744073709551615", "1e308", "-0.0", "9999999999"][rng.below(7)];
+                let n = ["0", "-1", "4294967295", "18446744073709551615", "1e308", "-0.0", "9999999999"][below(rng, 7)];
                 out.splice(at..at, n.bytes());
             }
             7 if out.len() >= 8 => {
                 // An interesting number in binary (lengths and counts of binary formats).
-                let i = rng.below(out.len() - 7);
-                let v: u64 = [0, 1, u32::MAX as u64, u64::MAX, 1 << 31, 1 << 40][rng.below(6)];
+                let i = below(rng, out.len() - 7);
+                let v: u64 = [0, 1, u32::MAX as u64, u64::MAX, 1 << 31, 1 << 40][below(rng, 6)];
                 out[i..i + 8].copy_from_slice(&v.to_le_bytes());
             }
             _ => {
                 if !out.is_empty() {
-                    let i = rng.below(out.len());
+                    let i = below(rng, out.len());
                     out.insert(i, out[i]);
                 }
             }
@@ -170,7 +159,7 @@ pub fn run(
         let input = if i < seeds {
             corpus[i].clone()
         } else {
-            let base = corpus[rng.below(corpus.len())].clone();
+            let base = corpus[below(&mut rng, corpus.len())].clone();
             mutate(&mut rng, &base, &corpus, target.dictionary, target.max_len)
         };
         i += 1;
@@ -189,7 +178,7 @@ pub fn run(
                         corpus.push(input);
                     } else {
                         // Full: a new find replaces a kept mutant, never a seed.
-                        let slot = seeds + rng.below(corpus.len() - seeds);
+                        let slot = seeds + below(&mut rng, corpus.len() - seeds);
                         corpus[slot] = input;
                     }
                 }
