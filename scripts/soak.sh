@@ -40,5 +40,5 @@ python3 scripts/soak.py --port "$port" --model soak --pid "$server" --config "$w
   --minutes "$minutes" --concurrency "$concurrency" || status=$?
 kill -TERM "$server"
 if wait "$server"; then echo "soak: the server drained and exited 0"; else echo "soak: the server exited $?"; status=1; fi
-grep -c " ERROR " "$work/server.log" | sed 's/^/soak: server error log lines: /'
+echo "soak: server error log lines: $(grep -c " ERROR " "$work/server.log" || true)"
 exit "$status"
