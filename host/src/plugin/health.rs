@@ -18,13 +18,13 @@
 //! A quarantine is written to the state directory (`quarantine/<sha256>`) so that `dspark
 //! plugins list` shows it and `dspark plugins unquarantine NAME` can lift it (a running server
 //! sees the record removed at its next registry scan). It survives a restart only when the
-//! operator asks ([`RuntimeConfig::persist_quarantine`]); otherwise a new process starts every
-//! plugin afresh.
+//! operator asks (`dspark serve --persist-quarantine`); otherwise the server calls
+//! [`PluginRuntime::forget_quarantines`] at start and every plugin starts afresh.
 //!
 //! [`RuntimeConfig::refusal_period`]: super::RuntimeConfig::refusal_period
 //! [`RuntimeConfig::strike_limit`]: super::RuntimeConfig::strike_limit
 //! [`RuntimeConfig::strike_window`]: super::RuntimeConfig::strike_window
-//! [`RuntimeConfig::persist_quarantine`]: super::RuntimeConfig::persist_quarantine
+//! [`PluginRuntime::forget_quarantines`]: super::PluginRuntime::forget_quarantines
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
