@@ -195,7 +195,17 @@ pub fn for_each(items: usize, f: impl Fn(usize) + Sync) {
         }
     };
     let Some(mut owner) = owner else {
-        (0..items).for_each(f);
+        // On this thread alone (the pool is busy, or one item): still every item runs, and
+        // the first panic is raised after the last, as the contract says.
+        let mut first_panic = None;
+        for i in 0..items {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| f(i))) {
+                first_panic.get_or_insert(panic);
+            }
+        }
+        if let Some(panic) = first_panic {
+            resume_unwind(panic);
+        }
         return;
     };
     // Runs of items where there are more than a section holds.
